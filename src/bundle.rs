@@ -1,0 +1,212 @@
+//! Checks on what the caller hands us — the container id and the bundle —
+//! before anything is created, so bad input fails with one line naming the
+//! problem and leaves nothing behind.
+
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::Spec;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error("invalid container id {0:?}: {1}")]
+    InvalidId(String, &'static str),
+    #[error("bundle {0} does not exist")]
+    BundleMissing(PathBuf),
+    #[error("bundle {0} is not a directory")]
+    BundleNotDir(PathBuf),
+    #[error("cannot read {path}: {source}")]
+    ReadConfig {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid JSON: {source}")]
+    NotJson {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path} is not a valid OCI runtime config: {source}")]
+    InvalidSpec {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{0}: the \"{1}\" field is missing")]
+    Missing(PathBuf, &'static str),
+    #[error("{0}: process.args must not be empty")]
+    EmptyArgs(PathBuf),
+    #[error("{0}: unsupported ociVersion {1:?} (only 1.x is supported)")]
+    Version(PathBuf, String),
+    #[error("rootfs {0} does not exist")]
+    RootfsMissing(PathBuf),
+    #[error("rootfs {0} is not a directory")]
+    RootfsNotDir(PathBuf),
+}
+
+/// Container ids become directory names: same rule as runc.
+pub fn validate_id(id: &str) -> Result<(), BundleError> {
+    let bad = |why| Err(BundleError::InvalidId(id.to_string(), why));
+    if id.is_empty() {
+        return bad("it is empty");
+    }
+    if id == "." || id == ".." {
+        return bad("it is a path component");
+    }
+    if id.len() > 1024 {
+        return bad("it is longer than 1024 bytes");
+    }
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'+' | b'-' | b'.'))
+    {
+        return bad("only letters, digits, '_', '+', '-' and '.' are allowed");
+    }
+    Ok(())
+}
+
+/// A bundle whose config.json parsed and whose rootfs exists.
+pub struct Bundle {
+    pub path: PathBuf,
+    pub spec: Spec,
+    pub rootfs: PathBuf,
+}
+
+impl Bundle {
+    pub fn load(path: &Path) -> Result<Bundle, BundleError> {
+        match std::fs::metadata(path) {
+            Err(_) => return Err(BundleError::BundleMissing(path.to_path_buf())),
+            Ok(m) if !m.is_dir() => return Err(BundleError::BundleNotDir(path.to_path_buf())),
+            Ok(_) => {}
+        }
+        let config = path.join("config.json");
+        let text = std::fs::read(&config).map_err(|source| BundleError::ReadConfig {
+            path: config.clone(),
+            source,
+        })?;
+        // Two passes: first "is it JSON at all", then "is it a runtime
+        // config", so the message says which of the two went wrong.
+        let value: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|source| BundleError::NotJson {
+                path: config.clone(),
+                source,
+            })?;
+        // The fields whose absence users hit most get their own message
+        // before the generic "not a valid runtime config".
+        let process = value
+            .get("process")
+            .filter(|p| !p.is_null())
+            .ok_or_else(|| BundleError::Missing(config.clone(), "process"))?;
+        if process
+            .get("args")
+            .and_then(|a| a.as_array())
+            .is_none_or(|a| a.is_empty())
+        {
+            return Err(BundleError::EmptyArgs(config));
+        }
+        let spec: Spec =
+            serde_json::from_value(value).map_err(|source| BundleError::InvalidSpec {
+                path: config.clone(),
+                source,
+            })?;
+        if !spec.version().starts_with("1.") {
+            return Err(BundleError::Version(config, spec.version().clone()));
+        }
+        let root = spec
+            .root()
+            .as_ref()
+            .ok_or_else(|| BundleError::Missing(config.clone(), "root"))?;
+        let rootfs = if root.path().is_absolute() {
+            root.path().clone()
+        } else {
+            path.join(root.path())
+        };
+        match std::fs::metadata(&rootfs) {
+            Err(_) => return Err(BundleError::RootfsMissing(rootfs)),
+            Ok(m) if !m.is_dir() => return Err(BundleError::RootfsNotDir(rootfs)),
+            Ok(_) => {}
+        }
+        Ok(Bundle {
+            path: path.to_path_buf(),
+            spec,
+            rootfs,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bundle_with(config: &str, make_rootfs: bool) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        if make_rootfs {
+            std::fs::create_dir(dir.path().join("rootfs")).unwrap();
+        }
+        dir
+    }
+
+    const GOOD: &str = r#"{"ociVersion":"1.0.2","process":{"cwd":"/","user":{"uid":0,"gid":0},"args":["true"]},"root":{"path":"rootfs"}}"#;
+
+    #[test]
+    fn ids() {
+        assert!(validate_id("abc-1.2_x+y").is_ok());
+        for bad in ["", ".", "..", "a/b", "../x", "a b", "a\0b"] {
+            assert!(validate_id(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(validate_id(&"a".repeat(1025)).is_err());
+    }
+
+    #[test]
+    fn good_bundle_loads() {
+        let d = bundle_with(GOOD, true);
+        let b = Bundle::load(d.path()).unwrap();
+        assert_eq!(b.rootfs, d.path().join("rootfs"));
+    }
+
+    #[test]
+    fn each_bad_bundle_names_its_problem() {
+        let cases: &[(&str, bool, &str)] = &[
+            ("not json", true, "is not valid JSON"),
+            (
+                r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"}}"#,
+                true,
+                "\"process\" field is missing",
+            ),
+            (
+                &GOOD.replace("[\"true\"]", "[]"),
+                true,
+                "process.args must not be empty",
+            ),
+            (GOOD, false, "rootfs"),
+            (
+                &GOOD.replace("1.0.2", "0.9"),
+                true,
+                "unsupported ociVersion",
+            ),
+            (
+                r#"{"ociVersion":"1.0.2","process":{"cwd":1,"args":["x"]}}"#,
+                true,
+                "not a valid OCI runtime config",
+            ),
+        ];
+        for (config, rootfs, want) in cases {
+            let d = bundle_with(config, *rootfs);
+            let err = Bundle::load(d.path()).err().expect("accepted").to_string();
+            assert!(err.contains(want), "{config}: {err}");
+        }
+    }
+
+    #[test]
+    fn bundle_that_is_a_file() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("f");
+        std::fs::write(&f, "").unwrap();
+        assert!(matches!(
+            Bundle::load(&f),
+            Err(BundleError::BundleNotDir(_))
+        ));
+        assert!(matches!(
+            Bundle::load(&d.path().join("nope")),
+            Err(BundleError::BundleMissing(_))
+        ));
+    }
+}

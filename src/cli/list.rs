@@ -1,0 +1,98 @@
+//! `agentvm list`
+
+use std::io::Write;
+
+use clap::Args;
+
+use crate::container::{load, runc_state, RuncState};
+use crate::context::Context;
+use crate::state::{lock_container, LockMode};
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Output format: table or json
+    #[arg(short, long, default_value = "table")]
+    pub format: String,
+    /// Print only the container ids
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+pub fn run(ctx: &Context, args: ListArgs) -> anyhow::Result<()> {
+    let mut states: Vec<RuncState> = Vec::new();
+    let mut ids: Vec<String> = std::fs::read_dir(&ctx.root)?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|id| !id.starts_with('.'))
+        .collect();
+    ids.sort();
+    for id in ids {
+        // A container deleted meanwhile is simply not listed.
+        let Ok(_lock) = lock_container(&ctx.root, &id, LockMode::Shared) else {
+            continue;
+        };
+        match load(ctx, &id) {
+            Ok(c) => states.push(runc_state(&c)),
+            Err(e) => tracing::warn!("skipping container {id}: {e}"),
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    if args.quiet {
+        for s in &states {
+            writeln!(out, "{}", s.id)?;
+        }
+        return Ok(());
+    }
+    match args.format.as_str() {
+        "json" => {
+            if states.is_empty() {
+                // runc marshals an empty list as null.
+                writeln!(out, "null")?;
+            } else {
+                writeln!(out, "{}", serde_json::to_string(&states)?)?;
+            }
+        }
+        "table" => write_table(&mut out, &states)?,
+        other => anyhow::bail!("invalid format option {other:?}: expected table or json"),
+    }
+    Ok(())
+}
+
+fn write_table(out: &mut impl Write, states: &[RuncState]) -> std::io::Result<()> {
+    let rows: Vec<[String; 6]> =
+        std::iter::once(["ID", "PID", "STATUS", "BUNDLE", "CREATED", "OWNER"].map(String::from))
+            .chain(states.iter().map(|s| {
+                [
+                    s.id.clone(),
+                    s.pid.to_string(),
+                    s.status.to_string(),
+                    s.bundle.display().to_string(),
+                    s.created.clone(),
+                    if s.owner.is_empty() {
+                        "root".into()
+                    } else {
+                        s.owner.clone()
+                    },
+                ]
+            }))
+            .collect();
+    let mut widths = [0usize; 6];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    for row in &rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}", w = (widths[i] + 3).max(12)));
+            }
+        }
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}

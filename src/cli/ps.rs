@@ -1,0 +1,74 @@
+//! `agentvm ps`
+
+use std::process::Command;
+
+use clap::Args;
+
+use crate::container::{load, pids};
+use crate::context::Context;
+use crate::state::{lock_container, LockMode};
+
+#[derive(Args, Debug)]
+pub struct PsArgs {
+    /// Output format: table or json
+    #[arg(short, long, default_value = "table")]
+    pub format: String,
+    pub id: String,
+    /// Arguments for ps(1) (default -ef)
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub ps_args: Vec<String>,
+}
+
+pub fn run(ctx: &Context, args: PsArgs) -> anyhow::Result<()> {
+    crate::bundle::validate_id(&args.id)?;
+    let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
+    let container = load(ctx, &args.id)?;
+    let pids: Vec<i32> = pids(&container)?.iter().map(|p| p.as_raw()).collect();
+    match args.format.as_str() {
+        "json" => {
+            println!("{}", serde_json::to_string(&pids)?);
+            Ok(())
+        }
+        "table" => table(&pids, &args.ps_args),
+        other => anyhow::bail!("invalid format option {other:?}: expected table or json"),
+    }
+}
+
+/// Runs the host's ps and keeps the header and the container's processes,
+/// as runc does.
+fn table(pids: &[i32], ps_args: &[String]) -> anyhow::Result<()> {
+    let ps_args: Vec<String> = if ps_args.is_empty() {
+        vec!["-ef".into()]
+    } else {
+        ps_args.to_vec()
+    };
+    let output = Command::new("ps")
+        .args(&ps_args)
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run ps: {e}"))?;
+    if !output.status.success() {
+        anyhow::bail!(
+            "ps {} failed: {}",
+            ps_args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut lines = text.lines();
+    let header = lines.next().unwrap_or_default();
+    let pid_col = header
+        .split_whitespace()
+        .position(|h| h == "PID")
+        .ok_or_else(|| anyhow::anyhow!("ps output has no PID column"))?;
+    println!("{header}");
+    for line in lines {
+        let pid = line
+            .split_whitespace()
+            .nth(pid_col)
+            .and_then(|p| p.parse::<i32>().ok());
+        if pid.is_some_and(|p| pids.contains(&p)) {
+            println!("{line}");
+        }
+    }
+    Ok(())
+}

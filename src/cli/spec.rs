@@ -1,0 +1,46 @@
+//! `agentvm spec`: writes a starter config.json, as `runc spec` does.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::Args;
+use oci_spec::runtime::Spec;
+
+#[derive(Args, Debug)]
+pub struct SpecArgs {
+    /// Directory to write config.json into
+    #[arg(short, long, default_value = ".")]
+    pub bundle: PathBuf,
+    /// Generate a spec for a rootless container
+    #[arg(long)]
+    pub rootless: bool,
+}
+
+pub fn default_spec(rootless: bool) -> anyhow::Result<Spec> {
+    let mut spec = if rootless {
+        Spec::rootless(
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        )
+    } else {
+        Spec::default()
+    };
+    // runc's starter spec runs an interactive shell.
+    if let Some(mut p) = spec.process().clone() {
+        p.set_terminal(Some(true));
+        spec.set_process(Some(p));
+    }
+    spec.set_hostname(Some("agentvm".to_string()));
+    Ok(spec)
+}
+
+pub fn run(args: &SpecArgs) -> anyhow::Result<()> {
+    let path = args.bundle.join("config.json");
+    if path.exists() {
+        anyhow::bail!("file {} exists: remove it first", path.display());
+    }
+    let spec = default_spec(args.rootless)?;
+    let mut text = serde_json::to_string_pretty(&spec)?;
+    text.push('\n');
+    std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+}

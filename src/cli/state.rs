@@ -1,0 +1,20 @@
+//! `agentvm state`
+
+use clap::Args;
+
+use crate::container::{load, runc_state};
+use crate::context::Context;
+use crate::state::{lock_container, LockMode};
+
+#[derive(Args, Debug)]
+pub struct StateArgs {
+    pub id: String,
+}
+
+pub fn run(ctx: &Context, args: StateArgs) -> anyhow::Result<()> {
+    crate::bundle::validate_id(&args.id)?;
+    let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
+    let container = load(ctx, &args.id)?;
+    println!("{}", serde_json::to_string_pretty(&runc_state(&container))?);
+    Ok(())
+}

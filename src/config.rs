@@ -1,0 +1,208 @@
+//! Tier selection and `/etc/agentvm/config.toml`.
+//!
+//! Precedence: `--isolation` flag > the container's `io.agentvm.isolation`
+//! annotation > the config file > the default, `microvm`. A tier that cannot
+//! be provided is an error; a weaker tier is never substituted silently.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Default configuration file.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentvm/config.toml";
+
+/// OCI annotation that picks the tier of one container.
+pub const ISOLATION_ANNOTATION: &str = "io.agentvm.isolation";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// The container boots its own kernel in a microVM.
+    #[default]
+    Microvm,
+    /// Namespaces, cgroups, seccomp and capabilities on the host kernel.
+    Container,
+}
+
+impl Isolation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Microvm => "microvm",
+            Isolation::Container => "container",
+        }
+    }
+}
+
+impl fmt::Display for Isolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Isolation {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "microvm" => Ok(Isolation::Microvm),
+            "container" => Ok(Isolation::Container),
+            other => Err(ConfigError::UnknownIsolation(other.to_string())),
+        }
+    }
+}
+
+/// Where the chosen tier came from, for the runtime log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IsolationSource {
+    Flag,
+    Annotation,
+    ConfigFile,
+    Default,
+}
+
+impl fmt::Display for IsolationSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IsolationSource::Flag => "--isolation flag",
+            IsolationSource::Annotation => "annotation io.agentvm.isolation",
+            IsolationSource::ConfigFile => "config file",
+            IsolationSource::Default => "default",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("unknown isolation {0:?}: expected \"microvm\" or \"container\"")]
+    UnknownIsolation(String),
+    #[error("cannot read config file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+/// The contents of `config.toml`. Unknown keys are refused so that a typo
+/// does not silently leave a setting at its default.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Default tier for containers that do not choose one.
+    pub isolation: Option<Isolation>,
+    #[serde(default)]
+    pub microvm: MicrovmConfig,
+}
+
+/// Settings of the microvm tier.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MicrovmConfig {
+    /// Guest kernel (an uncompressed `vmlinux`).
+    pub kernel: Option<PathBuf>,
+}
+
+impl Config {
+    /// Loads the config file. The default path may be absent; a path the
+    /// user named explicitly must exist.
+    pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        let (path, required) = match explicit {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                return Ok(Config::default())
+            }
+            Err(source) => return Err(ConfigError::Read { path, source }),
+        };
+        Self::parse(&text).map_err(|message| ConfigError::Parse { path, message })
+    }
+
+    fn parse(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.message().to_string())
+    }
+
+    /// Picks the tier for a container, following the documented precedence.
+    pub fn select_isolation(
+        &self,
+        flag: Option<Isolation>,
+        annotations: Option<&HashMap<String, String>>,
+    ) -> Result<(Isolation, IsolationSource), ConfigError> {
+        if let Some(i) = flag {
+            return Ok((i, IsolationSource::Flag));
+        }
+        if let Some(value) = annotations.and_then(|a| a.get(ISOLATION_ANNOTATION)) {
+            return Ok((value.parse()?, IsolationSource::Annotation));
+        }
+        if let Some(i) = self.isolation {
+            return Ok((i, IsolationSource::ConfigFile));
+        }
+        Ok((Isolation::default(), IsolationSource::Default))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotations(v: &str) -> HashMap<String, String> {
+        HashMap::from([(ISOLATION_ANNOTATION.to_string(), v.to_string())])
+    }
+
+    #[test]
+    fn flag_beats_annotation_beats_file_beats_default() {
+        let file = Config {
+            isolation: Some(Isolation::Container),
+            ..Default::default()
+        };
+        let ann = annotations("microvm");
+        assert_eq!(
+            file.select_isolation(Some(Isolation::Container), Some(&ann))
+                .unwrap(),
+            (Isolation::Container, IsolationSource::Flag)
+        );
+        assert_eq!(
+            file.select_isolation(None, Some(&ann)).unwrap(),
+            (Isolation::Microvm, IsolationSource::Annotation)
+        );
+        assert_eq!(
+            file.select_isolation(None, None).unwrap(),
+            (Isolation::Container, IsolationSource::ConfigFile)
+        );
+        assert_eq!(
+            Config::default().select_isolation(None, None).unwrap(),
+            (Isolation::Microvm, IsolationSource::Default)
+        );
+    }
+
+    #[test]
+    fn bad_annotation_is_an_error_not_a_fallback() {
+        let err = Config::default()
+            .select_isolation(None, Some(&annotations("vm")))
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown isolation \"vm\""));
+    }
+
+    #[test]
+    fn config_file_parses_and_refuses_unknown_keys() {
+        let c = Config::parse("isolation = \"container\"\n[microvm]\nkernel = \"/k\"\n").unwrap();
+        assert_eq!(c.isolation, Some(Isolation::Container));
+        assert_eq!(c.microvm.kernel, Some(PathBuf::from("/k")));
+        assert!(Config::parse("isolaton = \"container\"").is_err());
+        assert!(Config::parse("isolation = \"vm\"").is_err());
+    }
+
+    #[test]
+    fn missing_default_file_is_fine_missing_explicit_file_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.toml");
+        assert!(Config::load(Some(&missing)).is_err());
+    }
+}

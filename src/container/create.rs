@@ -1,0 +1,111 @@
+//! `create` in the container tier.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::Container;
+use libcontainer::syscall::syscall::SyscallType;
+use libcontainer::workload::default::DefaultExecutor;
+
+use super::{lc_error, TierError};
+use crate::bundle::Bundle;
+use crate::config::Isolation;
+use crate::context::Context;
+use crate::state::{process_start_time, Record};
+
+/// Everything `create` and `run` take from the command line.
+#[derive(Default)]
+pub struct CreateOptions {
+    pub pid_file: Option<PathBuf>,
+    pub console_socket: Option<PathBuf>,
+    pub preserve_fds: i32,
+    pub no_pivot: bool,
+    /// False for a foreground `run` without a console socket of the
+    /// caller's: the terminal, if any, is then ours to relay.
+    pub detached: bool,
+    pub stdin: Option<OwnedFd>,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+}
+
+/// Creates the container; on any failure removes what was made for it. The
+/// caller holds the root lock and has checked that the id is free.
+pub fn create(
+    ctx: &Context,
+    id: &str,
+    bundle: &Bundle,
+    opts: CreateOptions,
+) -> Result<Container, TierError> {
+    let dir = ctx.container_dir(id);
+    let result = build(ctx, id, bundle, opts);
+    match result {
+        Ok(container) => {
+            let record = Record {
+                isolation: Isolation::Container,
+                init_start_time: container.pid().and_then(|p| process_start_time(p.as_raw())),
+            };
+            if let Err(e) = record.save(&ctx.root, id) {
+                discard(ctx, id, &container);
+                return Err(e.into());
+            }
+            Ok(container)
+        }
+        Err(e) => {
+            // libcontainer removes its own work when the clone fails, but not
+            // when it fails earlier (console socket, config save).
+            if dir.exists() {
+                if let Err(rm) = std::fs::remove_dir_all(&dir) {
+                    tracing::warn!("cannot remove {}: {rm}", dir.display());
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+fn build(
+    ctx: &Context,
+    id: &str,
+    bundle: &Bundle,
+    opts: CreateOptions,
+) -> Result<Container, TierError> {
+    let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::default())
+        .with_executor(DefaultExecutor {})
+        .with_root_path(&ctx.root)
+        .map_err(lc_error)?
+        .with_pid_file(opts.pid_file.as_ref())
+        .map_err(lc_error)?
+        .with_console_socket(opts.console_socket.as_ref())
+        .with_preserved_fds(opts.preserve_fds);
+    if let Some(fd) = opts.stdin {
+        builder = builder.with_stdin(fd);
+    }
+    if let Some(fd) = opts.stdout {
+        builder = builder.with_stdout(fd);
+    }
+    if let Some(fd) = opts.stderr {
+        builder = builder.with_stderr(fd);
+    }
+    builder
+        .validate_id()
+        .map_err(lc_error)?
+        .as_init(&bundle.path)
+        .with_systemd(ctx.systemd_cgroup)
+        .with_detach(opts.detached)
+        .with_no_pivot(opts.no_pivot)
+        .build()
+        .map_err(lc_error)
+}
+
+/// Undoes a container that was created but cannot be kept.
+fn discard(ctx: &Context, id: &str, container: &Container) {
+    let mut c = container.clone();
+    if let Err(e) = super::delete::delete(&mut c, true) {
+        tracing::warn!("cannot clean up container {id}: {e}");
+    }
+    let dir = ctx.container_dir(id);
+    if dir.exists() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

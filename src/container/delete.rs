@@ -1,0 +1,127 @@
+//! `delete` in the container tier.
+
+use std::time::{Duration, Instant};
+
+use libcgroups::common::{AnyCgroupManager, CgroupManager, FreezerState};
+use libcontainer::container::{Container, ContainerStatus};
+use nix::sys::signal::{kill, Signal};
+
+use super::{cgroup_manager, lc_error, pids, status_str, TierError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteError {
+    #[error("cannot delete container {id} that is not stopped: {status}")]
+    NotStopped { id: String, status: &'static str },
+    #[error("processes of container {id} did not exit after SIGKILL")]
+    Unkillable { id: String },
+}
+
+/// How long delete waits for SIGKILLed processes to disappear.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+pub fn delete(container: &mut Container, force: bool) -> Result<(), TierError> {
+    let id = container.id().to_string();
+    match container.status() {
+        ContainerStatus::Stopped => {}
+        // runc and crun delete a created container without --force.
+        ContainerStatus::Created => kill_everything(container)?,
+        _ if force => kill_everything(container)?,
+        status => {
+            return Err(TierError::Libcontainer(
+                DeleteError::NotStopped {
+                    id,
+                    status: status_str(status),
+                }
+                .to_string(),
+            ))
+        }
+    }
+    container.set_status(ContainerStatus::Stopped);
+
+    let config = container.spec().ok();
+    if config.is_some() {
+        match cgroup_manager(container) {
+            Ok(cm) => remove_cgroup(&cm, &id),
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
+    // The runtime spec says a failing poststop hook is logged and delete
+    // goes on.
+    if let Some(hooks) = config.as_ref().and_then(|c| c.hooks.as_ref()) {
+        if let Err(e) = libcontainer::hooks::run_hooks(
+            hooks.poststop().as_ref(),
+            Some(&container.state),
+            None,
+            None,
+            None,
+        ) {
+            tracing::warn!("poststop hook of container {id} failed: {}", lc_error(e));
+        }
+    }
+    if container.root.exists() {
+        std::fs::remove_dir_all(&container.root).map_err(|e| {
+            TierError::Libcontainer(format!(
+                "cannot remove state directory {}: {e}",
+                container.root.display()
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// SIGKILLs every process of the container (thawing it first, since a
+/// frozen task cannot die) and waits until they are gone.
+fn kill_everything(container: &Container) -> Result<(), TierError> {
+    let id = container.id().to_string();
+    let cm = cgroup_manager(container)?;
+    let _ = cm.freeze(FreezerState::Thawed);
+    if let Some(pid) = container.pid() {
+        let _ = kill(pid, Signal::SIGKILL);
+    }
+    let deadline = Instant::now() + KILL_WAIT;
+    loop {
+        let remaining = pids(container).unwrap_or_default();
+        let alive: Vec<_> = remaining
+            .into_iter()
+            .filter(|p| !is_zombie(p.as_raw()))
+            .collect();
+        if alive.is_empty() {
+            return Ok(());
+        }
+        for p in &alive {
+            let _ = kill(*p, Signal::SIGKILL);
+        }
+        if Instant::now() > deadline {
+            return Err(TierError::Libcontainer(
+                DeleteError::Unkillable { id }.to_string(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn is_zombie(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rfind(')')
+            .and_then(|i| s[i + 1..].split_whitespace().next())
+            .is_none_or(|st| st == "Z" || st == "X"),
+        Err(_) => true,
+    }
+}
+
+/// Removes the cgroup; a cgroup whose last task is still being reaped can
+/// be busy for a moment, so retry briefly.
+fn remove_cgroup(cm: &AnyCgroupManager, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match cm.remove() {
+            Ok(()) => return,
+            Err(e) if Instant::now() > deadline => {
+                tracing::warn!("cannot remove cgroup of container {id}: {e}");
+                return;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}

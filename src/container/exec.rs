@@ -1,0 +1,143 @@
+//! `exec` in the container tier.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::ContainerStatus;
+use libcontainer::syscall::syscall::SyscallType;
+use libcontainer::workload::default::DefaultExecutor;
+use libcontainer::workload::{
+    Executor, ExecutorError, ExecutorSetEnvsError, ExecutorValidationError,
+};
+use nix::unistd::Pid;
+use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompAction, Spec};
+
+use super::{lc_error, TierError};
+use crate::context::Context;
+
+#[derive(Default)]
+pub struct ExecOptions {
+    pub process: Option<PathBuf>,
+    pub console_socket: Option<PathBuf>,
+    pub pid_file: Option<PathBuf>,
+    pub detach: bool,
+    pub cwd: Option<PathBuf>,
+    pub env: HashMap<String, String>,
+    pub user: Option<u32>,
+    pub group: Option<u32>,
+    pub additional_gids: Vec<u32>,
+    pub caps: Vec<String>,
+    pub no_new_privs: bool,
+    pub preserve_fds: i32,
+    pub args: Vec<String>,
+    pub ignore_paused: bool,
+    pub sub_cgroup: Option<String>,
+}
+
+/// Starts a process in the container's namespaces; returns its pid.
+pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, TierError> {
+    let container = super::load(ctx, id)?;
+    let runnable = match container.status() {
+        ContainerStatus::Running => true,
+        ContainerStatus::Paused => opts.ignore_paused,
+        _ => false,
+    };
+    if !runnable {
+        return Err(TierError::NotRunning {
+            id: id.to_string(),
+            status: super::status_str(container.status()),
+        });
+    }
+    let seccomp = container_seccomp(&container.bundle().join("config.json"))?;
+    let builder = ContainerBuilder::new(id.to_string(), SyscallType::default())
+        .with_executor(SeccompExecutor { seccomp })
+        .with_root_path(&ctx.root)
+        .map_err(lc_error)?
+        .with_pid_file(opts.pid_file.as_ref())
+        .map_err(lc_error)?
+        .with_console_socket(opts.console_socket.as_ref())
+        .with_preserved_fds(opts.preserve_fds)
+        .validate_id()
+        .map_err(lc_error)?;
+    let tenant = builder
+        .as_tenant()
+        .with_detach(opts.detach)
+        .with_cwd(opts.cwd.as_ref())
+        .with_env(opts.env)
+        .with_process(opts.process.as_ref())
+        .with_no_new_privs(opts.no_new_privs)
+        .with_capabilities(opts.caps)
+        .with_container_args(opts.args)
+        .with_additional_gids(opts.additional_gids)
+        .with_user(opts.user)
+        .with_group(opts.group)
+        .with_ignore_paused(opts.ignore_paused)
+        .with_sub_cgroup(opts.sub_cgroup);
+    tenant.build().map_err(lc_error)
+}
+
+/// The seccomp profile the container was created with.
+fn container_seccomp(config: &std::path::Path) -> Result<Option<LinuxSeccomp>, TierError> {
+    let spec = Spec::load(config).map_err(lc_error)?;
+    let seccomp = spec.linux().as_ref().and_then(|l| l.seccomp().clone());
+    if let Some(s) = &seccomp {
+        let notifies = s
+            .syscalls()
+            .iter()
+            .flatten()
+            .any(|r| r.action() == LinuxSeccompAction::ScmpActNotify);
+        if notifies {
+            return Err(TierError::Libcontainer(
+                "exec into a container whose seccomp profile uses SCMP_ACT_NOTIFY is not supported"
+                    .into(),
+            ));
+        }
+    }
+    Ok(seccomp)
+}
+
+/// libcontainer builds an exec'd process's spec without the container's
+/// seccomp profile; this executor installs it just before exec so that
+/// `exec` never runs a process with fewer restrictions than the container's
+/// init. Installing a filter needs CAP_SYS_ADMIN or no_new_privs: when the
+/// process has neither, no_new_privs is set (stricter than runc, never
+/// weaker).
+#[derive(Clone)]
+struct SeccompExecutor {
+    seccomp: Option<LinuxSeccomp>,
+}
+
+impl Executor for SeccompExecutor {
+    fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
+        if let Some(seccomp) = &self.seccomp {
+            let has_admin = caps::has_cap(
+                None,
+                caps::CapSet::Effective,
+                caps::Capability::CAP_SYS_ADMIN,
+            )
+            .unwrap_or(false);
+            if !has_admin {
+                // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1) takes no pointers.
+                let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+                if rc != 0 {
+                    return Err(ExecutorError::Other(format!(
+                        "cannot set no_new_privs: {}",
+                        std::io::Error::last_os_error()
+                    )));
+                }
+            }
+            libcontainer::seccomp::initialize_seccomp(seccomp)
+                .map_err(|e| ExecutorError::Other(format!("cannot load seccomp profile: {e}")))?;
+        }
+        DefaultExecutor {}.exec(spec)
+    }
+
+    fn validate(&self, spec: &Spec) -> Result<(), ExecutorValidationError> {
+        DefaultExecutor {}.validate(spec)
+    }
+
+    fn setup_envs(&self, envs: HashMap<String, String>) -> Result<(), ExecutorSetEnvsError> {
+        DefaultExecutor {}.setup_envs(envs)
+    }
+}

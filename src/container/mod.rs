@@ -1,0 +1,194 @@
+//! The `container` tier: namespaces, cgroups, seccomp and capabilities on the
+//! host kernel, through youki's `libcontainer`.
+//!
+//! libcontainer does the heavy lifting (clone, rootfs, seccomp, hooks at
+//! create time); this module adds what runc users rely on and libcontainer
+//! does differently: exact runc state output, pid-reuse detection, `kill`
+//! that does not change state, `delete` that only warns on poststop hook
+//! failures, foreground `run`/`exec` with signal forwarding and a real pty.
+
+use std::path::{Path, PathBuf};
+
+use libcgroups::common::{AnyCgroupManager, CgroupConfig, CgroupManager};
+use libcontainer::container::{Container, ContainerStatus};
+use nix::unistd::Pid;
+use serde::Serialize;
+
+use crate::context::Context;
+use crate::state::{self, Record};
+
+pub mod create;
+pub mod delete;
+pub mod exec;
+pub mod foreground;
+pub mod tty;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    #[error(transparent)]
+    State(#[from] state::StateError),
+    #[error("{0}")]
+    Libcontainer(String),
+    #[error("container {id} is not running (status {status})")]
+    NotRunning { id: String, status: &'static str },
+    #[error("cgroup of container {id}: {message}")]
+    Cgroup { id: String, message: String },
+}
+
+/// libcontainer's errors carry their cause chain as sources; flatten it into
+/// one line because that is what the shim shows the user.
+pub fn lc_error(err: impl std::error::Error) -> TierError {
+    let mut msg = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !msg.contains(&next) {
+            msg.push_str(": ");
+            msg.push_str(&next);
+        }
+        source = s.source();
+    }
+    TierError::Libcontainer(msg)
+}
+
+/// runc's status strings.
+pub fn status_str(status: ContainerStatus) -> &'static str {
+    match status {
+        ContainerStatus::Creating => "creating",
+        ContainerStatus::Created => "created",
+        ContainerStatus::Running => "running",
+        ContainerStatus::Stopped => "stopped",
+        ContainerStatus::Paused => "paused",
+    }
+}
+
+/// Loads a container and settles its status against reality: a pid that is
+/// gone, a zombie, or a pid reused by another process means stopped.
+pub fn load(ctx: &Context, id: &str) -> Result<Container, TierError> {
+    let dir = ctx.container_dir(id);
+    if !dir.join("state.json").exists() {
+        return Err(state::StateError::NotFound(id.to_string()).into());
+    }
+    let mut container = Container::load(dir).map_err(lc_error)?;
+    if let (
+        Some(pid),
+        Some(Record {
+            init_start_time: Some(t),
+            ..
+        }),
+    ) = (container.pid(), Record::load(&ctx.root, id)?)
+    {
+        if state::process_start_time(pid.as_raw()) != Some(t) {
+            container.set_status(ContainerStatus::Stopped);
+        }
+    }
+    if container.status() == ContainerStatus::Running
+        || container.status() == ContainerStatus::Paused
+    {
+        // A frozen cgroup means paused, whoever froze it.
+        if let Ok(true) = is_frozen(&container) {
+            container.set_status(ContainerStatus::Paused);
+        }
+    }
+    Ok(container)
+}
+
+fn is_frozen(container: &Container) -> Result<bool, TierError> {
+    let cg = cgroup_path(container)?;
+    let v1 = Path::new("/sys/fs/cgroup/freezer").join(cg.strip_prefix("/").unwrap_or(&cg));
+    if let Ok(s) = std::fs::read_to_string(v1.join("freezer.state")) {
+        return Ok(s.trim() == "FROZEN");
+    }
+    let v2 = Path::new("/sys/fs/cgroup").join(cg.strip_prefix("/").unwrap_or(&cg));
+    if let Ok(s) = std::fs::read_to_string(v2.join("cgroup.freeze")) {
+        return Ok(s.trim() == "1");
+    }
+    Ok(false)
+}
+
+/// The container's cgroup path as libcontainer resolved it at create time.
+pub fn cgroup_path(container: &Container) -> Result<PathBuf, TierError> {
+    Ok(container.spec().map_err(lc_error)?.cgroup_path)
+}
+
+pub fn cgroup_manager(container: &Container) -> Result<AnyCgroupManager, TierError> {
+    libcgroups::common::create_cgroup_manager(CgroupConfig {
+        cgroup_path: cgroup_path(container)?,
+        systemd_cgroup: container.systemd(),
+        container_name: container.id().to_string(),
+    })
+    .map_err(|e| TierError::Cgroup {
+        id: container.id().to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// Pids in the container's cgroup.
+pub fn pids(container: &Container) -> Result<Vec<Pid>, TierError> {
+    cgroup_manager(container)?
+        .get_all_pids()
+        .map_err(|e| TierError::Cgroup {
+            id: container.id().to_string(),
+            message: e.to_string(),
+        })
+}
+
+/// The state object exactly as runc prints it (field order included).
+#[derive(Serialize)]
+pub struct RuncState {
+    #[serde(rename = "ociVersion")]
+    pub oci_version: String,
+    pub id: String,
+    pub pid: i32,
+    pub status: &'static str,
+    pub bundle: PathBuf,
+    pub rootfs: PathBuf,
+    pub created: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<std::collections::HashMap<String, String>>,
+    pub owner: String,
+}
+
+pub fn runc_state(container: &Container) -> RuncState {
+    let status = container.status();
+    let pid = match status {
+        ContainerStatus::Stopped => 0,
+        _ => container.pid().map(|p| p.as_raw()).unwrap_or(0),
+    };
+    let bundle = container.bundle().clone();
+    let rootfs = rootfs_of(&bundle);
+    let created = container
+        .created()
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true))
+        .unwrap_or_else(|| "0001-01-01T00:00:00Z".to_string());
+    let annotations = container
+        .state
+        .annotations
+        .clone()
+        .filter(|a| !a.is_empty());
+    RuncState {
+        oci_version: oci_spec::runtime::VERSION.to_string(),
+        id: container.id().to_string(),
+        pid,
+        status: status_str(status),
+        bundle,
+        rootfs,
+        created,
+        annotations,
+        owner: String::new(),
+    }
+}
+
+/// The rootfs a bundle's config.json names, resolved against the bundle.
+fn rootfs_of(bundle: &Path) -> PathBuf {
+    let config = bundle.join("config.json");
+    let root = std::fs::read(&config)
+        .ok()
+        .and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok())
+        .and_then(|v| v.get("root")?.get("path")?.as_str().map(PathBuf::from));
+    match root {
+        Some(p) if p.is_absolute() => p,
+        Some(p) => bundle.join(p),
+        None => bundle.join("rootfs"),
+    }
+}

@@ -1,0 +1,120 @@
+//! Runtime log: plain text or runc's JSON lines (`level`, `msg`, `time`),
+//! which containerd's shim reads back to report why a command failed.
+
+use std::fmt::Write as _;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Mutex;
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, Layer};
+use tracing_subscriber::prelude::*;
+
+use crate::cli::LogFormat;
+
+enum Sink {
+    Stderr,
+    File(Mutex<File>),
+}
+
+struct RuncLayer {
+    sink: Sink,
+    format: LogFormat,
+    max: Level,
+}
+
+#[derive(Default)]
+struct Fields {
+    msg: String,
+    rest: String,
+}
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.msg.push_str(value);
+        } else {
+            let _ = write!(self.rest, " {}={:?}", field.name(), value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            let _ = write!(self.msg, "{value:?}");
+        } else {
+            let _ = write!(self.rest, " {}={:?}", field.name(), value);
+        }
+    }
+}
+
+fn level_name(level: &Level) -> &'static str {
+    match *level {
+        Level::ERROR => "error",
+        Level::WARN => "warning",
+        Level::INFO => "info",
+        Level::DEBUG => "debug",
+        Level::TRACE => "trace",
+    }
+}
+
+impl<S: Subscriber> Layer<S> for RuncLayer {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>, _: Context<'_, S>) -> bool {
+        // Libraries (libcontainer, libcgroups) report through their errors,
+        // which reach the log once at the CLI edge; their own log lines are
+        // only wanted with --debug.
+        if !metadata.target().starts_with("agentvm") && self.max < Level::DEBUG {
+            return false;
+        }
+        *metadata.level() <= self.max
+    }
+
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let msg = format!("{}{}", fields.msg, fields.rest);
+        let level = level_name(event.metadata().level());
+        let line = match self.format {
+            LogFormat::Json => {
+                let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
+                let mut s =
+                    serde_json::json!({ "level": level, "msg": msg, "time": time }).to_string();
+                s.push('\n');
+                s
+            }
+            LogFormat::Text => format!("{level}: {msg}\n"),
+        };
+        match &self.sink {
+            Sink::Stderr => {
+                let _ = std::io::stderr().write_all(line.as_bytes());
+            }
+            Sink::File(f) => {
+                if let Ok(mut f) = f.lock() {
+                    let _ = f.write_all(line.as_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// True when the log goes somewhere other than stderr, so the CLI edge must
+/// also print errors on stderr itself.
+pub struct LogGuard {
+    pub to_file: bool,
+}
+
+pub fn init(log: Option<&Path>, format: LogFormat, debug: bool) -> std::io::Result<LogGuard> {
+    let sink = match log {
+        Some(path) => Sink::File(Mutex::new(
+            OpenOptions::new().create(true).append(true).open(path)?,
+        )),
+        None => Sink::Stderr,
+    };
+    let to_file = matches!(sink, Sink::File(_));
+    let max = if debug { Level::DEBUG } else { Level::WARN };
+    let layer = RuncLayer { sink, format, max };
+    // A second init (tests) is harmless: the first subscriber stays.
+    let _ = tracing_subscriber::registry().with(layer).try_init();
+    Ok(LogGuard { to_file })
+}
