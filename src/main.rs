@@ -18,6 +18,11 @@ use cli::{Cli, Command};
 use context::Context;
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE by default; an ignored disposition survives
+    // exec, so every container process would inherit it. Restore the
+    // default, which also ends `agentvm list | head` quietly.
+    // SAFETY: setting a signal disposition to SIG_DFL has no preconditions.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     if cli.global.version {
         print!("{}", cli::version_text());
@@ -55,7 +60,7 @@ fn main() -> ExitCode {
 fn dispatch(global: &cli::GlobalOpts, command: Command) -> anyhow::Result<u8> {
     // Commands that need no state directory.
     match &command {
-        Command::Spec(args) => return cli::spec::run(args).map(|_| 0),
+        Command::Spec(args) => return cli::spec::run(args, global.rootless.as_deref()).map(|_| 0),
         Command::Features(args) => return cli::features::run(global, args).map(|_| 0),
         _ => {}
     }

@@ -1,14 +1,21 @@
-//! `agentvm events`
+//! `agentvm events`: the container's resource statistics as runc's event
+//! lines, `{"type":"stats","id":...,"data":{...}}`, once with `--stats` or
+//! every `--interval` until the container stops.
+
+use std::io::Write;
+use std::time::Duration;
 
 use clap::Args;
+use libcgroups::common::CgroupManager;
+use libcontainer::container::ContainerStatus;
 
-use crate::container::{lc_error, load};
+use crate::container::{cgroup_manager, load};
 use crate::context::Context;
 use crate::state::{lock_container, LockMode};
 
 #[derive(Args, Debug)]
 pub struct EventsArgs {
-    /// Seconds between stats samples (runc accepts a duration like "5s")
+    /// Time between stats samples, as runc takes it ("5s", "500ms")
     #[arg(long, default_value = "5s")]
     pub interval: String,
     /// Print the container's stats once and exit
@@ -17,21 +24,80 @@ pub struct EventsArgs {
     pub id: String,
 }
 
-fn parse_interval(s: &str) -> anyhow::Result<u32> {
-    let digits = s.strip_suffix('s').unwrap_or(s);
-    match digits.parse::<u32>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => anyhow::bail!("invalid --interval {s:?}: expected whole seconds like 5s"),
+/// One event line, fields in runc's order.
+#[derive(serde::Serialize)]
+struct Event<'a, T> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    id: &'a str,
+    data: T,
+}
+
+fn parse_interval(s: &str) -> anyhow::Result<Duration> {
+    let bad = || anyhow::anyhow!("invalid --interval {s:?}: expected a duration like 5s or 500ms");
+    let d = if let Some(ms) = s.strip_suffix("ms") {
+        Duration::from_millis(ms.parse().map_err(|_| bad())?)
+    } else if let Some(m) = s.strip_suffix('m') {
+        Duration::from_secs(m.parse::<u64>().map_err(|_| bad())?.saturating_mul(60))
+    } else {
+        Duration::from_secs(
+            s.strip_suffix('s')
+                .unwrap_or(s)
+                .parse()
+                .map_err(|_| bad())?,
+        )
+    };
+    if d.is_zero() {
+        return Err(bad());
     }
+    Ok(d)
 }
 
 pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
     crate::bundle::validate_id(&args.id)?;
     let interval = parse_interval(&args.interval)?;
-    let mut c = {
-        let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
-        load(ctx, &args.id)?
-    };
-    c.events(interval, args.stats).map_err(lc_error)?;
-    Ok(())
+    let mut out = std::io::stdout().lock();
+    loop {
+        let line = {
+            let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
+            let container = load(ctx, &args.id)?;
+            if container.status() == ContainerStatus::Stopped {
+                if args.stats {
+                    anyhow::bail!("container {} is not running", args.id);
+                }
+                return Ok(());
+            }
+            let stats = cgroup_manager(&container)?
+                .stats()
+                .map_err(|e| anyhow::anyhow!("cannot read stats of {}: {e}", args.id))?;
+            serde_json::to_string(&Event {
+                kind: "stats",
+                id: &args.id,
+                data: stats,
+            })?
+        };
+        // A reader that went away (e.g. `| head`) ends the stream quietly.
+        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+            return Ok(());
+        }
+        if args.stats {
+            return Ok(());
+        }
+        std::thread::sleep(interval);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals() {
+        assert_eq!(parse_interval("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_interval("7").unwrap(), Duration::from_secs(7));
+        assert_eq!(parse_interval("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_interval("1m").unwrap(), Duration::from_secs(60));
+        assert!(parse_interval("0s").is_err());
+        assert!(parse_interval("soon").is_err());
+    }
 }

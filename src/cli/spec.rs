@@ -11,9 +11,7 @@ pub struct SpecArgs {
     /// Directory to write config.json into
     #[arg(short, long, default_value = ".")]
     pub bundle: PathBuf,
-    /// Generate a spec for a rootless container
-    #[arg(long)]
-    pub rootless: bool,
+    // `--rootless` is the global flag of the same name.
 }
 
 pub fn default_spec(rootless: bool) -> anyhow::Result<Spec> {
@@ -34,12 +32,17 @@ pub fn default_spec(rootless: bool) -> anyhow::Result<Spec> {
     Ok(spec)
 }
 
-pub fn run(args: &SpecArgs) -> anyhow::Result<()> {
+pub fn run(args: &SpecArgs, rootless: Option<&str>) -> anyhow::Result<()> {
+    let rootless = match rootless {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => anyhow::bail!("invalid --rootless value {other:?}: expected true or false"),
+    };
     let path = args.bundle.join("config.json");
     if path.exists() {
         anyhow::bail!("file {} exists: remove it first", path.display());
     }
-    let spec = default_spec(args.rootless)?;
+    let spec = default_spec(rootless)?;
     let mut text = serde_json::to_string_pretty(&spec)?;
     text.push('\n');
     std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))

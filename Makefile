@@ -1,0 +1,49 @@
+# agentvm — build, install, test, benchmark.
+#   make demo    fresh Debian 12 machine -> a container running under agentvm
+#   make test    installs what it needs, then runs every test
+PREFIX     ?= /usr/local
+CARGO      ?= cargo
+PROFILE    ?= release
+TARGET_DIR := target/x86_64-unknown-linux-gnu/$(PROFILE)
+BIN        := $(TARGET_DIR)/agentvm
+CARGO_PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
+
+export AGENTVM_COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+
+.PHONY: all build deps install demo test lint unit-test integration-test conformance bench clean
+
+all: build
+
+deps:
+	scripts/install-deps.sh
+
+build:
+	$(CARGO) build $(CARGO_PROFILE_FLAG) --locked -p agentvm
+
+install: build
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/agentvm
+	scripts/register-docker-runtimes.sh $(PREFIX)/bin/agentvm
+
+demo: deps install
+	scripts/demo.sh $(PREFIX)/bin/agentvm
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --locked --all-targets $(CARGO_PROFILE_FLAG) -- -D warnings
+
+unit-test:
+	$(CARGO) test --locked $(CARGO_PROFILE_FLAG) --workspace --bins --lib
+
+integration-test: build
+	$(CARGO) test --locked $(CARGO_PROFILE_FLAG) -p agentvm --tests -- --test-threads=2
+
+conformance: build
+	tests/oci-validation/run.sh $(BIN)
+
+test: deps lint unit-test integration-test conformance
+
+bench: deps build
+	bench/run.sh $(BIN)
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian packages agentvm needs to build and to run its tests.
+# Idempotent; safe to run on a fresh Debian 12 machine as root.
+set -euo pipefail
+
+PACKAGES=(
+  # build
+  build-essential pkg-config libseccomp-dev
+  # the peers and clients the tests drive
+  runc crun docker.io containerd podman
+  # images and test tools
+  busybox-static iproute2 iptables socat jq procps util-linux psmisc
+)
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: run as root (apt-get needs it)" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q "${missing[@]}"
