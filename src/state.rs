@@ -49,7 +49,18 @@ pub enum StateError {
 
 /// An flock(2) held on a directory until dropped.
 pub struct DirLock {
-    _file: File,
+    file: File,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // Unlock explicitly: the lock belongs to the open file description,
+        // which a container's init (cloned while we held it, waiting for
+        // `start` before its exec closes the descriptor) shares with us.
+        // Closing our copy alone would leave the lock held.
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -69,7 +80,7 @@ impl DirLock {
             // SAFETY: flock on a descriptor we own; no memory is passed.
             let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
             if rc == 0 {
-                return Ok(DirLock { _file: file });
+                return Ok(DirLock { file });
             }
             let err = std::io::Error::last_os_error();
             if err.kind() != std::io::ErrorKind::Interrupted {

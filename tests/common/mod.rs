@@ -1,0 +1,182 @@
+//! Shared fixtures for the end-to-end tests that drive agentvm through real
+//! clients: Docker, Podman and containerd's `ctr`.
+//!
+//! Each client talks to its own daemon (or storage), started by the tests
+//! themselves under `/run/agentvm-test` and `/var/lib/agentvm-test`, so a
+//! user's Docker, Podman or containerd is never touched. Daemons are left
+//! running after the tests and reused by the next test binary or run.
+//!
+//! The runtime under test is chosen by `AGENTVM_TEST_RUNTIME`:
+//! `agentvm-container` (the default), `agentvm` (the default tier, microvm),
+//! or a peer (`runc`, `crun`) to check that the suite itself is right.
+//!
+//! A test that cannot run here prints `skipped: <why>` and returns.
+
+/// Returns early from a test with `skipped: <why>` when `$fixture` (an
+/// `Result<T, String>`) says the test cannot run here.
+#[allow(unused_macros)] // not every test binary has a fixture to require
+macro_rules! require {
+    ($fixture:expr) => {
+        match $fixture {
+            Ok(v) => v,
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                return;
+            }
+        }
+    };
+}
+
+pub mod cgroup;
+pub mod cmd;
+pub mod containerd;
+pub mod daemon;
+pub mod docker;
+pub mod podman;
+pub mod pty;
+pub mod rootfs;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Sockets, pid files, logs and configs of the test daemons.
+pub const RUN_DIR: &str = "/run/agentvm-test";
+/// Persistent storage of the test daemons (images, layers).
+pub const DATA_DIR: &str = "/var/lib/agentvm-test";
+/// The OCI annotation that picks agentvm's tier for one container.
+pub const ISOLATION_ANNOTATION: &str = "io.agentvm.isolation";
+
+/// The runtime the suite runs against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Runtime {
+    /// agentvm with `--isolation=container`.
+    AgentvmContainer,
+    /// agentvm with no tier given: its default (microvm).
+    AgentvmDefault,
+    /// A peer runtime found in `PATH` (`runc`, `crun`), the reference.
+    Peer(String),
+}
+
+impl Runtime {
+    /// Reads `AGENTVM_TEST_RUNTIME`.
+    pub fn from_env() -> Runtime {
+        match std::env::var("AGENTVM_TEST_RUNTIME").as_deref() {
+            Err(_) | Ok("") | Ok("agentvm-container") => Runtime::AgentvmContainer,
+            Ok("agentvm") => Runtime::AgentvmDefault,
+            Ok(other) => Runtime::Peer(other.to_string()),
+        }
+    }
+
+    /// The name Docker knows this runtime by (see the daemon config).
+    pub fn docker_name(&self) -> &str {
+        match self {
+            Runtime::AgentvmContainer => "agentvm-container",
+            Runtime::AgentvmDefault => "agentvm",
+            Runtime::Peer(name) => name,
+        }
+    }
+
+    /// The binary a runc-compatible client (conmon, the runc shim) executes.
+    pub fn binary(&self) -> PathBuf {
+        match self {
+            Runtime::AgentvmContainer | Runtime::AgentvmDefault => agentvm_bin(),
+            Runtime::Peer(name) => find_in_path(name).unwrap_or_else(|| PathBuf::from(name)),
+        }
+    }
+
+    pub fn is_agentvm(&self) -> bool {
+        !matches!(self, Runtime::Peer(_))
+    }
+}
+
+/// The agentvm binary cargo built for this test run.
+pub fn agentvm_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_agentvm"))
+}
+
+/// Looks a program up in `PATH`.
+pub fn find_in_path(name: &str) -> Option<PathBuf> {
+    if name.contains('/') {
+        return Some(PathBuf::from(name)).filter(|p| p.exists());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// Why the end-to-end tests cannot run on this machine, if they cannot.
+pub fn host_unsuitable(programs: &[&str]) -> Option<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (starts its own daemons, cgroups, networks)".into());
+    }
+    if let Some(missing) = programs.iter().find(|p| find_in_path(p).is_none()) {
+        return Some(format!("{missing} is not installed"));
+    }
+    // A runtime asked for by name must exist: a typo is an error, not a
+    // reason to skip.
+    let rt = Runtime::from_env();
+    assert!(
+        rt.binary().exists(),
+        "AGENTVM_TEST_RUNTIME: runtime binary {} not found",
+        rt.binary().display()
+    );
+    None
+}
+
+/// This host's boot id. A container tier process reads the same value; a
+/// microVM guest boots its own kernel and so reads another one.
+pub fn host_boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .expect("read boot_id")
+        .trim()
+        .to_string()
+}
+
+/// Whether the runtime under test shares the host kernel (the container
+/// tier and the peers do; agentvm's default tier, microvm, does not).
+pub fn expects_host_kernel(rt: &Runtime) -> bool {
+    !matches!(rt, Runtime::AgentvmDefault)
+}
+
+/// A name no other test, thread or run uses at the same time.
+pub fn unique_name(test: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("avmt-{test}-{}-{n}", std::process::id())
+}
+
+/// The last `n` lines of a log file, for failure messages.
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let from = lines.len().saturating_sub(n);
+    format!(
+        "--- last {} lines of {} ---\n{}\n---",
+        lines.len() - from,
+        path.display(),
+        lines[from..].join("\n")
+    )
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, for up to `secs` seconds.
+pub fn wait_for<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
