@@ -38,7 +38,7 @@ integration-test: build
 	$(CARGO) test --locked $(CARGO_PROFILE_FLAG) -p agentvm --tests -- --test-threads=2
 
 conformance: build
-	tests/oci-validation/run.sh $(BIN)
+	PROFILE=$(PROFILE) tests/oci-validation/run.sh
 
 test: deps lint unit-test integration-test conformance
 

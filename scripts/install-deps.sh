@@ -10,6 +10,8 @@ PACKAGES=(
   runc crun docker.io containerd podman
   # images and test tools
   busybox-static iproute2 iptables socat jq procps util-linux psmisc
+  # the microvm tier: QEMU, and what virtiofsd builds against
+  qemu-system-x86 libcap-ng-dev
 )
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -18,11 +18,10 @@ use cli::{Cli, Command};
 use context::Context;
 
 fn main() -> ExitCode {
-    // Rust ignores SIGPIPE by default; an ignored disposition survives
-    // exec, so every container process would inherit it. Restore the
-    // default, which also ends `agentvm list | head` quietly.
-    // SAFETY: setting a signal disposition to SIG_DFL has no preconditions.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // SIGPIPE stays ignored (Rust's default) so that a hook that exits
+    // without reading its state, or a closed stdout, is an error we handle
+    // rather than our death; workloads get the default back right before
+    // their exec (see container::exec::Workload).
     let cli = Cli::parse();
     if cli.global.version {
         print!("{}", cli::version_text());

@@ -145,6 +145,5 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
         },
         "potentiallyUnsafeConfigAnnotations": ["io.agentvm."],
     });
-    println!("{}", serde_json::to_string_pretty(&doc)?);
-    Ok(())
+    super::emit(&format!("{}\n", serde_json::to_string_pretty(&doc)?))
 }

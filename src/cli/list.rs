@@ -37,26 +37,21 @@ pub fn run(ctx: &Context, args: ListArgs) -> anyhow::Result<()> {
             Err(e) => tracing::warn!("skipping container {id}: {e}"),
         }
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = Vec::new();
     if args.quiet {
         for s in &states {
             writeln!(out, "{}", s.id)?;
         }
-        return Ok(());
-    }
-    match args.format.as_str() {
-        "json" => {
-            if states.is_empty() {
-                // runc marshals an empty list as null.
-                writeln!(out, "null")?;
-            } else {
-                writeln!(out, "{}", serde_json::to_string(&states)?)?;
-            }
+    } else {
+        match args.format.as_str() {
+            // runc marshals an empty list as null.
+            "json" if states.is_empty() => writeln!(out, "null")?,
+            "json" => writeln!(out, "{}", serde_json::to_string(&states)?)?,
+            "table" => write_table(&mut out, &states)?,
+            other => anyhow::bail!("invalid format option {other:?}: expected table or json"),
         }
-        "table" => write_table(&mut out, &states)?,
-        other => anyhow::bail!("invalid format option {other:?}: expected table or json"),
     }
-    Ok(())
+    super::emit(&String::from_utf8_lossy(&out))
 }
 
 fn write_table(out: &mut impl Write, states: &[RuncState]) -> std::io::Result<()> {

@@ -124,6 +124,17 @@ pub enum Command {
     Features(features::FeaturesArgs),
 }
 
+/// Writes command output to stdout. A reader that went away (`| head`)
+/// is not an error: agentvm ignores SIGPIPE, so it sees EPIPE instead.
+pub fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 /// The three-line version output, in runc's shape.
 pub fn version_text() -> String {
     format!(

@@ -25,10 +25,7 @@ pub fn run(ctx: &Context, args: PsArgs) -> anyhow::Result<()> {
     let container = load(ctx, &args.id)?;
     let pids: Vec<i32> = pids(&container)?.iter().map(|p| p.as_raw()).collect();
     match args.format.as_str() {
-        "json" => {
-            println!("{}", serde_json::to_string(&pids)?);
-            Ok(())
-        }
+        "json" => super::emit(&format!("{}\n", serde_json::to_string(&pids)?)),
         "table" => table(&pids, &args.ps_args),
         other => anyhow::bail!("invalid format option {other:?}: expected table or json"),
     }
@@ -60,15 +57,16 @@ fn table(pids: &[i32], ps_args: &[String]) -> anyhow::Result<()> {
         .split_whitespace()
         .position(|h| h == "PID")
         .ok_or_else(|| anyhow::anyhow!("ps output has no PID column"))?;
-    println!("{header}");
+    let mut text = format!("{header}\n");
     for line in lines {
         let pid = line
             .split_whitespace()
             .nth(pid_col)
             .and_then(|p| p.parse::<i32>().ok());
         if pid.is_some_and(|p| pids.contains(&p)) {
-            println!("{line}");
+            text.push_str(line);
+            text.push('\n');
         }
     }
-    Ok(())
+    super::emit(&text)
 }

@@ -15,6 +15,8 @@ pub fn run(ctx: &Context, args: StateArgs) -> anyhow::Result<()> {
     crate::bundle::validate_id(&args.id)?;
     let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
     let container = load(ctx, &args.id)?;
-    println!("{}", serde_json::to_string_pretty(&runc_state(&container))?);
-    Ok(())
+    super::emit(&format!(
+        "{}\n",
+        serde_json::to_string_pretty(&runc_state(&container))?
+    ))
 }

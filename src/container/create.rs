@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
 use libcontainer::syscall::syscall::SyscallType;
-use libcontainer::workload::default::DefaultExecutor;
 
+use super::workload::Workload;
 use super::{lc_error, TierError};
 use crate::bundle::Bundle;
 use crate::config::Isolation;
@@ -71,7 +71,7 @@ fn build(
     opts: CreateOptions,
 ) -> Result<Container, TierError> {
     let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::default())
-        .with_executor(DefaultExecutor {})
+        .with_executor(Workload::default())
         .with_root_path(&ctx.root)
         .map_err(lc_error)?
         .with_pid_file(opts.pid_file.as_ref())

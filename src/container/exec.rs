@@ -6,13 +6,10 @@ use std::path::PathBuf;
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::ContainerStatus;
 use libcontainer::syscall::syscall::SyscallType;
-use libcontainer::workload::default::DefaultExecutor;
-use libcontainer::workload::{
-    Executor, ExecutorError, ExecutorSetEnvsError, ExecutorValidationError,
-};
 use nix::unistd::Pid;
 use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompAction, Spec};
 
+use super::workload::Workload;
 use super::{lc_error, TierError};
 use crate::context::Context;
 
@@ -51,7 +48,7 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, TierError
     }
     let seccomp = container_seccomp(&container.bundle().join("config.json"))?;
     let builder = ContainerBuilder::new(id.to_string(), SyscallType::default())
-        .with_executor(SeccompExecutor { seccomp })
+        .with_executor(Workload { seccomp })
         .with_root_path(&ctx.root)
         .map_err(lc_error)?
         .with_pid_file(opts.pid_file.as_ref())
@@ -95,49 +92,4 @@ fn container_seccomp(config: &std::path::Path) -> Result<Option<LinuxSeccomp>, T
         }
     }
     Ok(seccomp)
-}
-
-/// libcontainer builds an exec'd process's spec without the container's
-/// seccomp profile; this executor installs it just before exec so that
-/// `exec` never runs a process with fewer restrictions than the container's
-/// init. Installing a filter needs CAP_SYS_ADMIN or no_new_privs: when the
-/// process has neither, no_new_privs is set (stricter than runc, never
-/// weaker).
-#[derive(Clone)]
-struct SeccompExecutor {
-    seccomp: Option<LinuxSeccomp>,
-}
-
-impl Executor for SeccompExecutor {
-    fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
-        if let Some(seccomp) = &self.seccomp {
-            let has_admin = caps::has_cap(
-                None,
-                caps::CapSet::Effective,
-                caps::Capability::CAP_SYS_ADMIN,
-            )
-            .unwrap_or(false);
-            if !has_admin {
-                // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1) takes no pointers.
-                let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-                if rc != 0 {
-                    return Err(ExecutorError::Other(format!(
-                        "cannot set no_new_privs: {}",
-                        std::io::Error::last_os_error()
-                    )));
-                }
-            }
-            libcontainer::seccomp::initialize_seccomp(seccomp)
-                .map_err(|e| ExecutorError::Other(format!("cannot load seccomp profile: {e}")))?;
-        }
-        DefaultExecutor {}.exec(spec)
-    }
-
-    fn validate(&self, spec: &Spec) -> Result<(), ExecutorValidationError> {
-        DefaultExecutor {}.validate(spec)
-    }
-
-    fn setup_envs(&self, envs: HashMap<String, String>) -> Result<(), ExecutorSetEnvsError> {
-        DefaultExecutor {}.setup_envs(envs)
-    }
 }

@@ -22,6 +22,7 @@ pub mod delete;
 pub mod exec;
 pub mod foreground;
 pub mod tty;
+pub mod workload;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TierError {

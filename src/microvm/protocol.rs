@@ -1,0 +1,387 @@
+//! The control protocol between the host supervisor and the guest agent.
+//!
+//! It runs over one byte stream (a virtio-serial port named
+//! [`PORT_NAME`] in the guest, a unix socket on the host) as frames:
+//!
+//! ```text
+//!   u32 LE  payload length (at most MAX_PAYLOAD)
+//!   u8      kind  (Control, Stdin, Stdout, Stderr, StdinClose)
+//!   u32 LE  stream: 0 for the container's init, N for exec N
+//!   [u8]    payload: JSON for Control, raw bytes for stdio
+//! ```
+//!
+//! Control payloads are a [`HostMessage`] (host to guest) or a
+//! [`GuestMessage`] (guest to host). Each host request gets exactly one
+//! [`GuestMessage::Reply`], in order; everything else the guest sends is an
+//! event. The guest is hostile: the host checks every length and field, and a
+//! malformed frame is an error that ends the connection (and the container),
+//! never a panic.
+
+use std::io::{Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// Protocol version, exchanged in [`GuestMessage::Hello`].
+pub const VERSION: u32 = 1;
+/// Name of the virtio-serial port the guest finds under
+/// `/sys/class/virtio-ports/*/name`.
+pub const PORT_NAME: &str = "org.agentvm.control";
+/// virtio-fs tag of the one share the host exports (the staging directory
+/// holding the container's rootfs and bind-mount sources).
+pub const SHARE_TAG: &str = "agentvm";
+/// Where the guest mounts that share; the spec the host sends refers to
+/// paths below it (root.path = SHARE_MOUNT/rootfs, bind sources =
+/// SHARE_MOUNT/m<N>).
+pub const SHARE_MOUNT: &str = "/run/agentvm/share";
+/// Largest payload either side accepts.
+pub const MAX_PAYLOAD: usize = 1 << 20;
+/// Bytes before the payload.
+pub const HEADER_LEN: usize = 9;
+/// Stream of the container's init process.
+pub const INIT_STREAM: u32 = 0;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("frame payload of {0} bytes exceeds the {MAX_PAYLOAD}-byte limit")]
+    TooLong(usize),
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    #[error("malformed control message: {0}")]
+    BadControl(String),
+    #[error("control channel closed")]
+    Closed,
+    #[error("control channel: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Control = 1,
+    Stdin = 2,
+    Stdout = 3,
+    Stderr = 4,
+    StdinClose = 5,
+}
+
+impl TryFrom<u8> for Kind {
+    type Error = ProtocolError;
+
+    fn try_from(v: u8) -> Result<Kind, ProtocolError> {
+        Ok(match v {
+            1 => Kind::Control,
+            2 => Kind::Stdin,
+            3 => Kind::Stdout,
+            4 => Kind::Stderr,
+            5 => Kind::StdinClose,
+            other => return Err(ProtocolError::UnknownKind(other)),
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub kind: Kind,
+    pub stream: u32,
+    pub payload: Vec<u8>,
+}
+
+impl Frame {
+    pub fn control<T: Serialize>(msg: &T) -> Frame {
+        Frame {
+            kind: Kind::Control,
+            stream: 0,
+            // Serializing our own enums to JSON cannot fail.
+            payload: serde_json::to_vec(msg).unwrap_or_default(),
+        }
+    }
+
+    pub fn data(kind: Kind, stream: u32, payload: &[u8]) -> Frame {
+        Frame {
+            kind,
+            stream,
+            payload: payload.to_vec(),
+        }
+    }
+
+    /// Parses a control payload; anything else is an error.
+    pub fn parse_control<T: for<'de> Deserialize<'de>>(&self) -> Result<T, ProtocolError> {
+        if self.kind != Kind::Control {
+            return Err(ProtocolError::BadControl(format!(
+                "expected a control frame, got {:?}",
+                self.kind
+            )));
+        }
+        serde_json::from_slice(&self.payload).map_err(|e| ProtocolError::BadControl(e.to_string()))
+    }
+
+    /// The frame as bytes on the wire. Payloads over the limit are a bug of
+    /// the sender: callers split stdio into chunks of at most MAX_PAYLOAD.
+    pub fn encode(&self) -> Result<Vec<u8>, ProtocolError> {
+        if self.payload.len() > MAX_PAYLOAD {
+            return Err(ProtocolError::TooLong(self.payload.len()));
+        }
+        let mut out = Vec::with_capacity(HEADER_LEN + self.payload.len());
+        out.extend_from_slice(&(self.payload.len() as u32).to_le_bytes());
+        out.push(self.kind as u8);
+        out.extend_from_slice(&self.stream.to_le_bytes());
+        out.extend_from_slice(&self.payload);
+        Ok(out)
+    }
+
+    pub fn write_to(&self, w: &mut impl Write) -> Result<(), ProtocolError> {
+        w.write_all(&self.encode()?)?;
+        Ok(())
+    }
+
+    /// Reads one whole frame (blocking). EOF before a header is `Closed`.
+    pub fn read_from(r: &mut impl Read) -> Result<Frame, ProtocolError> {
+        let mut header = [0u8; HEADER_LEN];
+        let mut got = 0;
+        while got < HEADER_LEN {
+            match r.read(&mut header[got..]) {
+                Ok(0) if got == 0 => return Err(ProtocolError::Closed),
+                Ok(0) => {
+                    return Err(ProtocolError::Io(std::io::ErrorKind::UnexpectedEof.into()))
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let (len, kind, stream) = parse_header(&header)?;
+        let mut payload = vec![0u8; len];
+        r.read_exact(&mut payload)?;
+        Ok(Frame {
+            kind,
+            stream,
+            payload,
+        })
+    }
+}
+
+fn parse_header(h: &[u8; HEADER_LEN]) -> Result<(usize, Kind, u32), ProtocolError> {
+    let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+    if len > MAX_PAYLOAD {
+        return Err(ProtocolError::TooLong(len));
+    }
+    let kind = Kind::try_from(h[4])?;
+    let stream = u32::from_le_bytes([h[5], h[6], h[7], h[8]]);
+    Ok((len, kind, stream))
+}
+
+/// Incremental decoder for event loops that read whatever is available.
+#[derive(Default)]
+pub struct Decoder {
+    buf: Vec<u8>,
+}
+
+impl Decoder {
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next complete frame, `None` if more bytes are needed. An error
+    /// is final: the stream cannot be resynchronised.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, ProtocolError> {
+        let Some(header) = self.buf.get(..HEADER_LEN) else {
+            return Ok(None);
+        };
+        let mut h = [0u8; HEADER_LEN];
+        h.copy_from_slice(header);
+        let (len, kind, stream) = parse_header(&h)?;
+        let Some(total) = HEADER_LEN.checked_add(len) else {
+            return Err(ProtocolError::TooLong(len));
+        };
+        if self.buf.len() < total {
+            return Ok(None);
+        }
+        let payload = self.buf[HEADER_LEN..total].to_vec();
+        self.buf.drain(..total);
+        Ok(Some(Frame {
+            kind,
+            stream,
+            payload,
+        }))
+    }
+}
+
+/// Requests from the host. Each gets one [`GuestMessage::Reply`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum HostMessage {
+    /// Create the container from a complete OCI spec whose paths are guest
+    /// paths (the host rewrote root and bind mounts onto the shares).
+    /// Reply: `Created { pid }`.
+    Create { spec: serde_json::Value },
+    /// Start the created container's process. Reply: `Ok`.
+    Start,
+    /// Run a process (an OCI `process` object) in the container as stream
+    /// `id` (> 0). Reply: `Started { pid }`.
+    Exec { id: u32, process: serde_json::Value },
+    /// Send `signal` to the process of stream `id`, or to every process of
+    /// the container with `all`. Reply: `Ok`.
+    Signal { id: u32, signal: i32, all: bool },
+    /// Set the terminal size of stream `id`. Reply: `Ok`.
+    Resize { id: u32, rows: u16, cols: u16 },
+    /// List the container's processes (guest pids). Reply: `Pids`.
+    Ps,
+    /// Guest memory and CPU use. Reply: `Stats`.
+    Stats,
+    /// Kill everything, sync and power off. Reply: `Ok`, then the VM ends.
+    Shutdown,
+}
+
+/// Results of a host request.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Reply {
+    Ok,
+    Created { pid: i32 },
+    Started { pid: i32 },
+    Pids { pids: Vec<i32> },
+    Stats { stats: GuestStats },
+    /// The request failed; `message` is what runc would have printed.
+    Error { message: String },
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct GuestStats {
+    pub memory_total_bytes: u64,
+    pub memory_available_bytes: u64,
+    /// Bytes charged to the container's cgroup in the guest.
+    pub memory_usage_bytes: u64,
+    /// CPU time of the container's cgroup, nanoseconds.
+    pub cpu_usage_ns: u64,
+    pub pids: u64,
+}
+
+/// What the guest sends.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum GuestMessage {
+    /// First message after boot.
+    Hello { version: u32, kernel: String },
+    /// The answer to the oldest unanswered host request.
+    Reply(Reply),
+    /// The process of stream `id` ended: exit code, or 128+signal.
+    Exit { id: u32, status: i32 },
+    /// A diagnostic from the guest agent, for the runtime log.
+    Log { level: String, message: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_through_both_readers() {
+        let frames = vec![
+            Frame::control(&HostMessage::Start),
+            Frame::data(Kind::Stdout, 3, b"hello"),
+            Frame::data(Kind::StdinClose, 0, b""),
+            Frame::control(&GuestMessage::Exit { id: 2, status: 137 }),
+        ];
+        let mut wire = Vec::new();
+        for f in &frames {
+            f.write_to(&mut wire).unwrap();
+        }
+        let mut r = &wire[..];
+        for f in &frames {
+            assert_eq!(&Frame::read_from(&mut r).unwrap(), f);
+        }
+        assert!(matches!(Frame::read_from(&mut r), Err(ProtocolError::Closed)));
+
+        // Byte by byte through the decoder.
+        let mut d = Decoder::default();
+        let mut out = Vec::new();
+        for b in &wire {
+            d.push(std::slice::from_ref(b));
+            while let Some(f) = d.next_frame().unwrap() {
+                out.push(f);
+            }
+        }
+        assert_eq!(out, frames);
+    }
+
+    #[test]
+    fn control_messages_serialize_as_tagged_json() {
+        let m = HostMessage::Signal {
+            id: 0,
+            signal: 15,
+            all: false,
+        };
+        let f = Frame::control(&m);
+        assert_eq!(
+            std::str::from_utf8(&f.payload).unwrap(),
+            r#"{"type":"signal","id":0,"signal":15,"all":false}"#
+        );
+        assert_eq!(f.parse_control::<HostMessage>().unwrap(), m);
+        let r = GuestMessage::Reply(Reply::Created { pid: 7 });
+        let back: GuestMessage = Frame::control(&r).parse_control().unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn hostile_input_is_an_error_not_a_panic() {
+        // Oversized length.
+        let mut bad = (MAX_PAYLOAD as u32 + 1).to_le_bytes().to_vec();
+        bad.extend_from_slice(&[1, 0, 0, 0, 0]);
+        assert!(matches!(
+            Frame::read_from(&mut &bad[..]),
+            Err(ProtocolError::TooLong(_))
+        ));
+        let mut d = Decoder::default();
+        d.push(&bad);
+        assert!(d.next_frame().is_err());
+        // u32::MAX length must not overflow.
+        let mut huge = u32::MAX.to_le_bytes().to_vec();
+        huge.extend_from_slice(&[1, 0, 0, 0, 0]);
+        let mut d = Decoder::default();
+        d.push(&huge);
+        assert!(d.next_frame().is_err());
+        // Unknown kind.
+        let unknown = [0, 0, 0, 0, 99, 0, 0, 0, 0];
+        assert!(matches!(
+            Frame::read_from(&mut &unknown[..]),
+            Err(ProtocolError::UnknownKind(99))
+        ));
+        // Truncated payload.
+        let trunc = [5, 0, 0, 0, 3, 0, 0, 0, 0, b'a'];
+        assert!(Frame::read_from(&mut &trunc[..]).is_err());
+        // Garbage JSON, wrong type, data frame where control expected.
+        for payload in [&b"{"[..], b"[]", br#"{"type":"nope"}"#, b"\xff\xfe"] {
+            let f = Frame {
+                kind: Kind::Control,
+                stream: 0,
+                payload: payload.to_vec(),
+            };
+            assert!(f.parse_control::<GuestMessage>().is_err());
+        }
+        assert!(Frame::data(Kind::Stdout, 0, b"{}")
+            .parse_control::<GuestMessage>()
+            .is_err());
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        // A small deterministic xorshift stream of garbage.
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        for _ in 0..2000 {
+            let mut d = Decoder::default();
+            let mut bytes = Vec::new();
+            for _ in 0..64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                bytes.push(x as u8);
+            }
+            d.push(&bytes);
+            while let Ok(Some(f)) = d.next_frame() {
+                let _ = f.parse_control::<GuestMessage>();
+                let _ = f.parse_control::<HostMessage>();
+            }
+            let _ = Frame::read_from(&mut &bytes[..]);
+        }
+    }
+}
