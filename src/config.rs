@@ -105,6 +105,14 @@ pub struct Config {
 pub struct MicrovmConfig {
     /// Guest kernel (an uncompressed `vmlinux`).
     pub kernel: Option<PathBuf>,
+    /// virtiofsd binary for the qemu backend.
+    pub virtiofsd: Option<PathBuf>,
+    /// Guest memory when the container sets no memory limit, in MiB.
+    pub default_memory_mib: Option<u64>,
+    /// vCPUs when the container sets no CPU limit.
+    pub default_vcpus: Option<u32>,
+    /// Seconds to wait for the guest to boot before giving up.
+    pub boot_timeout_secs: Option<u64>,
 }
 
 impl Config {

@@ -14,6 +14,10 @@ pub struct Context {
     pub config: Config,
     pub isolation_flag: Option<Isolation>,
     pub systemd_cgroup: bool,
+    /// The --config path, passed on to the microvm supervisor.
+    pub config_path: Option<PathBuf>,
+    pub log: Option<PathBuf>,
+    pub log_json: bool,
 }
 
 impl Context {
@@ -30,6 +34,9 @@ impl Context {
             config,
             isolation_flag: global.isolation,
             systemd_cgroup: global.systemd_cgroup,
+            config_path: global.config.as_ref().map(|p| absolute(p)).transpose()?,
+            log: global.log.as_ref().map(|p| absolute(p)).transpose()?,
+            log_json: global.log_format == crate::cli::LogFormat::Json,
         })
     }
 

@@ -11,6 +11,7 @@ mod config;
 mod container;
 mod context;
 mod logging;
+mod microvm;
 mod signal;
 mod state;
 
@@ -78,6 +79,13 @@ fn dispatch(global: &cli::GlobalOpts, command: Command) -> anyhow::Result<u8> {
         Command::Resume(args) => cli::pause::resume(&ctx, args).map(|_| 0),
         Command::Events(args) => cli::events::run(&ctx, args).map(|_| 0),
         Command::Update(args) => cli::update::run(&ctx, args).map(|_| 0),
+        Command::Supervise(args) => {
+            crate::microvm::supervisor::run(crate::microvm::supervisor::Args {
+                dir: ctx.container_dir(&args.id),
+                console_socket: args.console_socket,
+                config: ctx.config,
+            })
+        }
         Command::Spec(_) | Command::Features(_) => unreachable!("handled above"),
     }
 }

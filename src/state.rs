@@ -104,6 +104,7 @@ pub fn lock_container(root: &Path, id: &str, mode: LockMode) -> Result<DirLock, 
     };
     // The directory may have been removed between open and flock.
     if !dir.join(RECORD_FILE).exists() && !dir.join("state.json").exists() {
+        drop(lock);
         return Err(StateError::NotFound(id.to_string()));
     }
     Ok(lock)
@@ -151,6 +152,15 @@ impl Record {
         std::fs::write(&tmp, data)
             .and_then(|_| std::fs::rename(&tmp, &path))
             .map_err(|source| StateError::Write { path, source })
+    }
+}
+
+/// The tier a container was created in.
+pub fn tier_of(root: &Path, id: &str) -> Result<Isolation, StateError> {
+    match Record::load(root, id)? {
+        Some(r) => Ok(r.isolation),
+        None if root.join(id).join("state.json").exists() => Ok(Isolation::Container),
+        None => Err(StateError::NotFound(id.to_string())),
     }
 }
 

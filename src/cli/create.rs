@@ -40,7 +40,7 @@ pub fn create_container(
     id: &str,
     bundle: &std::path::Path,
     mut opts: CreateOptions,
-) -> anyhow::Result<libcontainer::container::Container> {
+) -> anyhow::Result<Created> {
     validate_id(id)?;
     let bundle = Bundle::load(&absolute(bundle)?)?;
     let (isolation, source) = ctx
@@ -50,12 +50,6 @@ pub fn create_container(
         "container {id}: isolation {isolation} (from {source}), rootfs {}",
         bundle.rootfs.display()
     );
-    if isolation == Isolation::Microvm {
-        anyhow::bail!(
-            "container {id}: isolation \"microvm\" (from {source}) is not available in this build \
-             of agentvm yet; choose --isolation=container explicitly to run it in namespaces"
-        );
-    }
     if opts.preserve_fds < 0 {
         anyhow::bail!("--preserve-fds must not be negative");
     }
@@ -65,8 +59,35 @@ pub fn create_container(
     if ctx.container_dir(id).exists() {
         anyhow::bail!("container with id {id} already exists");
     }
+    if isolation == Isolation::Microvm {
+        if opts.preserve_fds > 0 {
+            anyhow::bail!("--preserve-fds is not supported in the microvm tier");
+        }
+        crate::microvm::create(
+            ctx,
+            id,
+            &bundle,
+            crate::microvm::CreateOptions {
+                console_socket: opts.console_socket.as_deref(),
+                pid_file: opts.pid_file.as_deref(),
+                log: ctx.log.as_deref(),
+                log_json: ctx.log_json,
+            },
+        )
+        .with_context(|| {
+            format!("cannot create container {id} (isolation microvm, from {source})")
+        })?;
+        return Ok(Created::Microvm);
+    }
     crate::container::create::create(ctx, id, &bundle, opts)
+        .map(|c| Created::Container(Box::new(c)))
         .with_context(|| format!("cannot create container {id}"))
+}
+
+/// What `create_container` made.
+pub enum Created {
+    Container(Box<libcontainer::container::Container>),
+    Microvm,
 }
 
 pub fn run(ctx: &Context, args: CreateArgs) -> anyhow::Result<()> {

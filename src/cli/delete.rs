@@ -2,9 +2,10 @@
 
 use clap::Args;
 
+use crate::config::Isolation;
 use crate::container::{delete::delete, load};
 use crate::context::Context;
-use crate::state::{lock_container, LockMode, StateError};
+use crate::state::{lock_container, tier_of, LockMode, StateError};
 
 #[derive(Args, Debug)]
 pub struct DeleteArgs {
@@ -32,6 +33,11 @@ pub fn run(ctx: &Context, args: DeleteArgs) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
+    if tier_of(&ctx.root, &args.id)? == Isolation::Microvm {
+        crate::microvm::delete(ctx, &args.id, args.force)?;
+        drop(lock);
+        return Ok(());
+    }
     let mut container = load(ctx, &args.id)?;
     delete(&mut container, args.force)?;
     drop(lock);

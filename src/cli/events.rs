@@ -13,6 +13,8 @@ use crate::container::{cgroup_manager, load};
 use crate::context::Context;
 use crate::state::{lock_container, LockMode};
 
+const COMMAND: &str = "events";
+
 #[derive(Args, Debug)]
 pub struct EventsArgs {
     /// Time between stats samples, as runc takes it ("5s", "500ms")
@@ -56,6 +58,13 @@ fn parse_interval(s: &str) -> anyhow::Result<Duration> {
 pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
     crate::bundle::validate_id(&args.id)?;
     let interval = parse_interval(&args.interval)?;
+    if crate::state::tier_of(&ctx.root, &args.id)? == crate::config::Isolation::Microvm {
+        anyhow::bail!(
+            "container {}: `{}` is not implemented for the microvm tier yet",
+            args.id,
+            COMMAND
+        );
+    }
     let mut out = std::io::stdout().lock();
     loop {
         let line = {

@@ -128,6 +128,12 @@ fn process_from_flags(config: &Path, args: &ExecArgs) -> anyhow::Result<Process>
 pub fn run(ctx: &Context, args: ExecArgs) -> anyhow::Result<u8> {
     crate::bundle::validate_id(&args.id)?;
     let dir = ctx.container_dir(&args.id);
+    if crate::state::tier_of(&ctx.root, &args.id)? == crate::config::Isolation::Microvm {
+        anyhow::bail!(
+            "container {}: exec is not implemented for the microvm tier yet",
+            args.id
+        );
+    }
     if !dir.join("state.json").exists() {
         anyhow::bail!("container {} does not exist", args.id);
     }

@@ -6,9 +6,10 @@ use libcontainer::container::ContainerStatus;
 use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
 
+use crate::config::Isolation;
 use crate::container::{cgroup_manager, load, pids};
 use crate::context::Context;
-use crate::state::{lock_container, LockMode};
+use crate::state::{lock_container, tier_of, LockMode};
 
 #[derive(Args, Debug)]
 pub struct KillArgs {
@@ -25,6 +26,14 @@ pub fn run(ctx: &Context, args: KillArgs) -> anyhow::Result<()> {
     crate::bundle::validate_id(&args.id)?;
     let signal = crate::signal::parse(&args.signal)?;
     let _lock = lock_container(&ctx.root, &args.id, LockMode::Exclusive)?;
+    if tier_of(&ctx.root, &args.id)? == Isolation::Microvm {
+        return Ok(crate::microvm::kill(
+            ctx,
+            &args.id,
+            signal as i32,
+            args.all,
+        )?);
+    }
     let container = load(ctx, &args.id)?;
     let status = container.status();
     if args.all {

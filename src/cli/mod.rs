@@ -122,6 +122,16 @@ pub enum Command {
     Spec(spec::SpecArgs),
     /// Show the features this runtime implements, per isolation tier
     Features(features::FeaturesArgs),
+    /// (internal) the per-container supervisor of a microVM
+    #[command(hide = true)]
+    Supervise(SuperviseArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SuperviseArgs {
+    pub id: String,
+    #[arg(long = "console-socket")]
+    pub console_socket: Option<PathBuf>,
 }
 
 /// Writes command output to stdout. A reader that went away (`| head`)

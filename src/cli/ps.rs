@@ -4,9 +4,10 @@ use std::process::Command;
 
 use clap::Args;
 
+use crate::config::Isolation;
 use crate::container::{load, pids};
 use crate::context::Context;
-use crate::state::{lock_container, LockMode};
+use crate::state::{lock_container, tier_of, LockMode};
 
 #[derive(Args, Debug)]
 pub struct PsArgs {
@@ -22,8 +23,14 @@ pub struct PsArgs {
 pub fn run(ctx: &Context, args: PsArgs) -> anyhow::Result<()> {
     crate::bundle::validate_id(&args.id)?;
     let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
-    let container = load(ctx, &args.id)?;
-    let pids: Vec<i32> = pids(&container)?.iter().map(|p| p.as_raw()).collect();
+    let pids: Vec<i32> = match tier_of(&ctx.root, &args.id)? {
+        // Guest pids: they name processes inside the VM, not on the host.
+        Isolation::Microvm => crate::microvm::ps(ctx, &args.id)?,
+        Isolation::Container => pids(&load(ctx, &args.id)?)?
+            .iter()
+            .map(|p| p.as_raw())
+            .collect(),
+    };
     match args.format.as_str() {
         "json" => super::emit(&format!("{}\n", serde_json::to_string(&pids)?)),
         "table" => table(&pids, &args.ps_args),

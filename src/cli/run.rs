@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::Args;
 
+use super::create::Created;
 use crate::container::create::CreateOptions;
 use crate::container::foreground;
 use crate::container::tty::{ConsoleSocket, Relay};
@@ -57,9 +58,10 @@ pub fn run(ctx: &Context, args: RunArgs) -> anyhow::Result<u8> {
         foreground::become_subreaper()?;
     }
     let opts = CreateOptions {
-        pid_file: args.pid_file,
+        pid_file: args.pid_file.clone(),
         console_socket: args
             .console_socket
+            .clone()
             .or_else(|| own_socket.as_ref().map(|s| s.path().to_path_buf())),
         preserve_fds: args.preserve_fds,
         no_pivot: args.no_pivot,
@@ -67,12 +69,16 @@ pub fn run(ctx: &Context, args: RunArgs) -> anyhow::Result<u8> {
         detached: args.detach || own_socket.is_some(),
         ..Default::default()
     };
-    let mut container = super::create::create_container(ctx, &args.id, &args.bundle, opts)?;
+    let created = super::create::create_container(ctx, &args.id, &args.bundle, opts)?;
     let relay = match &own_socket {
         Some(s) => Some(Relay::new(s.receive_master()?)),
         None => None,
     };
     drop(own_socket);
+    let mut container = match created {
+        Created::Container(c) => *c,
+        Created::Microvm => return run_microvm(ctx, &args, relay),
+    };
     if let Err(e) = container.start().map_err(lc_error) {
         let _ = delete(&mut container, true);
         return Err(e).with_context(|| format!("cannot start container {}", args.id));
@@ -87,6 +93,25 @@ pub fn run(ctx: &Context, args: RunArgs) -> anyhow::Result<u8> {
     if !args.keep {
         let mut c = crate::container::load(ctx, &args.id)?;
         delete(&mut c, true)?;
+    }
+    Ok(code)
+}
+
+/// The rest of `run` for a microVM: start, then in the foreground wait for
+/// the supervisor (our child), whose exit status is the workload's.
+fn run_microvm(ctx: &Context, args: &RunArgs, relay: Option<Relay>) -> anyhow::Result<u8> {
+    if let Err(e) = crate::microvm::start(ctx, &args.id) {
+        let _ = crate::microvm::delete(ctx, &args.id, true);
+        return Err(e).with_context(|| format!("cannot start container {}", args.id));
+    }
+    if args.detach {
+        return Ok(0);
+    }
+    let state = crate::microvm::state(ctx, &args.id)?;
+    let pid = nix::unistd::Pid::from_raw(state.pid);
+    let code = foreground::wait(pid, relay)?;
+    if !args.keep {
+        crate::microvm::delete(ctx, &args.id, true)?;
     }
     Ok(code)
 }

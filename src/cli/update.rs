@@ -14,6 +14,8 @@ use crate::container::{cgroup_manager, load};
 use crate::context::Context;
 use crate::state::{lock_container, LockMode};
 
+const COMMAND: &str = "update";
+
 #[derive(Args, Debug)]
 pub struct UpdateArgs {
     /// JSON file with LinuxResources to apply ("-" for stdin)
@@ -162,6 +164,13 @@ pub fn run(ctx: &Context, args: UpdateArgs) -> anyhow::Result<()> {
     };
     let resources = merge_flags(&args, base)?;
     let _lock = lock_container(&ctx.root, &args.id, LockMode::Exclusive)?;
+    if crate::state::tier_of(&ctx.root, &args.id)? == crate::config::Isolation::Microvm {
+        anyhow::bail!(
+            "container {}: `{}` is not implemented for the microvm tier yet",
+            args.id,
+            COMMAND
+        );
+    }
     let container = load(ctx, &args.id)?;
     let cm = cgroup_manager(&container)?;
     cm.apply(&ControllerOpt {

@@ -141,9 +141,7 @@ impl Frame {
         while got < HEADER_LEN {
             match r.read(&mut header[got..]) {
                 Ok(0) if got == 0 => return Err(ProtocolError::Closed),
-                Ok(0) => {
-                    return Err(ProtocolError::Io(std::io::ErrorKind::UnexpectedEof.into()))
-                }
+                Ok(0) => return Err(ProtocolError::Io(std::io::ErrorKind::UnexpectedEof.into())),
                 Ok(n) => got += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.into()),
@@ -170,12 +168,14 @@ fn parse_header(h: &[u8; HEADER_LEN]) -> Result<(usize, Kind, u32), ProtocolErro
     Ok((len, kind, stream))
 }
 
-/// Incremental decoder for event loops that read whatever is available.
+/// Incremental decoder for event loops that read whatever is available
+/// (the guest agent's poll loop).
 #[derive(Default)]
 pub struct Decoder {
     buf: Vec<u8>,
 }
 
+#[allow(dead_code)] // used by the guest agent, which lands separately
 impl Decoder {
     pub fn push(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);
@@ -237,12 +237,22 @@ pub enum HostMessage {
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Reply {
     Ok,
-    Created { pid: i32 },
-    Started { pid: i32 },
-    Pids { pids: Vec<i32> },
-    Stats { stats: GuestStats },
+    Created {
+        pid: i32,
+    },
+    Started {
+        pid: i32,
+    },
+    Pids {
+        pids: Vec<i32>,
+    },
+    Stats {
+        stats: GuestStats,
+    },
     /// The request failed; `message` is what runc would have printed.
-    Error { message: String },
+    Error {
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -290,7 +300,10 @@ mod tests {
         for f in &frames {
             assert_eq!(&Frame::read_from(&mut r).unwrap(), f);
         }
-        assert!(matches!(Frame::read_from(&mut r), Err(ProtocolError::Closed)));
+        assert!(matches!(
+            Frame::read_from(&mut r),
+            Err(ProtocolError::Closed)
+        ));
 
         // Byte by byte through the decoder.
         let mut d = Decoder::default();

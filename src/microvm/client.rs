@@ -1,0 +1,74 @@
+//! Talking to a container's supervisor over `<state>/supervisor.sock`:
+//! what the CLI asks, and the exec stream that follows an `Exec` request.
+
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::protocol::{Frame, ProtocolError, Reply};
+
+/// Requests from the CLI. Each gets one [`Reply`]; after a successful
+/// `Exec` the connection carries the process's stdio (data frames, stream
+/// 0) and, from the CLI, [`ExecControl`] frames.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SupervisorRequest {
+    Start,
+    Signal { signal: i32, all: bool },
+    Ps,
+    Stats,
+    Exec { process: serde_json::Value },
+}
+
+/// Control frames an exec relay sends after the exec started.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ExecControl {
+    Signal { signal: i32 },
+    Resize { rows: u16, cols: u16 },
+}
+
+/// What the supervisor sends an exec relay when its process ended.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ExecEvent {
+    Exit { status: i32 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach the supervisor of container {id}: {source}")]
+    Connect { id: String, source: std::io::Error },
+    #[error("supervisor of container {id}: {source}")]
+    Protocol { id: String, source: ProtocolError },
+}
+
+/// Sends one request and waits for its reply.
+pub fn request(
+    dir: &Path,
+    id: &str,
+    req: &SupervisorRequest,
+    timeout: Duration,
+) -> Result<(UnixStream, Reply), ClientError> {
+    let mut conn =
+        UnixStream::connect(dir.join(super::vmstate::SUPERVISOR_SOCKET)).map_err(|source| {
+            ClientError::Connect {
+                id: id.to_string(),
+                source,
+            }
+        })?;
+    let proto = |source| ClientError::Protocol {
+        id: id.to_string(),
+        source,
+    };
+    conn.set_read_timeout(Some(timeout))
+        .map_err(|e| proto(e.into()))?;
+    Frame::control(req).write_to(&mut conn).map_err(proto)?;
+    let reply: Reply = Frame::read_from(&mut conn)
+        .and_then(|f| f.parse_control())
+        .map_err(proto)?;
+    conn.set_read_timeout(None).map_err(|e| proto(e.into()))?;
+    Ok((conn, reply))
+}

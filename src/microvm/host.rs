@@ -1,0 +1,131 @@
+//! What this host can run: the accelerator (KVM with hardware
+//! virtualization, else TCG), and where the kernel, QEMU and virtiofsd are.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+
+/// Default guest kernel, installed by `make install` from kernels/.
+pub const DEFAULT_KERNEL: &str = "/usr/local/share/agentvm/vmlinux";
+/// Default virtiofsd, installed by scripts/install-virtiofsd.sh.
+pub const DEFAULT_VIRTIOFSD: &str = "/usr/local/libexec/agentvm/virtiofsd";
+pub const QEMU: &str = "qemu-system-x86_64";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualization through /dev/kvm.
+    Kvm,
+    /// QEMU's software emulation.
+    Tcg,
+}
+
+impl Accel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
+/// The accelerator and, in words, why.
+pub fn detect_accel() -> (Accel, String) {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let hw = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
+    let modules = std::fs::read_to_string("/proc/modules").unwrap_or_default();
+    let pvm = modules.lines().any(|l| l.starts_with("kvm_pvm "))
+        || Path::new("/sys/module/kvm_pvm").exists();
+    let kvm_dev = Path::new("/dev/kvm").exists();
+    match (hw, pvm, kvm_dev) {
+        (true, false, true) => (Accel::Kvm, "hardware virtualization and /dev/kvm".into()),
+        (_, true, _) => (
+            Accel::Tcg,
+            "/dev/kvm is kvm_pvm (paravirtual), which cannot boot a standard guest kernel".into(),
+        ),
+        (false, _, _) => (
+            Accel::Tcg,
+            "the CPU has no vmx/svm (no hardware virtualization)".into(),
+        ),
+        (true, _, false) => (Accel::Tcg, "/dev/kvm is missing".into()),
+    }
+}
+
+/// The host TSC frequency in kHz, which a guest under TCG needs on its
+/// command line (it has no other clock to calibrate against quickly).
+pub fn tsc_khz() -> Option<u64> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz: f64 = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("cpu MHz"))?
+        .split(':')
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()?;
+    Some((mhz * 1000.0).round() as u64)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error(
+        "guest kernel {0} not found: build and install it with `make kernel install`, \
+         or set `kernel` under [microvm] in /etc/agentvm/config.toml"
+    )]
+    Kernel(PathBuf),
+    #[error("{QEMU} not found in PATH: install Debian's qemu-system-x86")]
+    Qemu,
+    #[error("virtiofsd {0} not found: run scripts/install-virtiofsd.sh")]
+    Virtiofsd(PathBuf),
+}
+
+/// Everything the microvm tier needs, found.
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub accel: Accel,
+    pub accel_reason: String,
+    pub kernel: PathBuf,
+    pub qemu: PathBuf,
+    pub virtiofsd: PathBuf,
+}
+
+pub fn find_in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+impl Host {
+    /// Checks that a microVM can be started here; the error says what is
+    /// missing and how to get it.
+    pub fn probe(config: &Config) -> Result<Host, HostError> {
+        let kernel = config
+            .microvm
+            .kernel
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_KERNEL));
+        if !kernel.is_file() {
+            return Err(HostError::Kernel(kernel));
+        }
+        let qemu = find_in_path(QEMU).ok_or(HostError::Qemu)?;
+        let virtiofsd = config
+            .microvm
+            .virtiofsd
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_VIRTIOFSD));
+        if !virtiofsd.is_file() {
+            return Err(HostError::Virtiofsd(virtiofsd));
+        }
+        let (accel, accel_reason) = detect_accel();
+        Ok(Host {
+            accel,
+            accel_reason,
+            kernel,
+            qemu,
+            virtiofsd,
+        })
+    }
+}

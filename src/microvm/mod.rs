@@ -1,0 +1,412 @@
+//! The `microvm` tier: each container boots its own Linux kernel.
+//!
+//! `create` starts a per-container supervisor (`agentvm supervise`), which
+//! is the container's pid: it boots the VM through a VMM backend and relays
+//! between the host and the guest agent (the same binary, as /init). The
+//! other commands talk to the supervisor over its socket.
+
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use libcgroups::common::{CgroupConfig, CgroupManager, FreezerState};
+
+use crate::bundle::Bundle;
+use crate::config::Isolation;
+use crate::container::RuncState;
+use crate::context::Context;
+use crate::state::Record;
+
+pub mod client;
+pub mod host;
+pub mod initramfs;
+pub mod protocol;
+pub mod spec;
+pub mod supervisor;
+pub mod vmm;
+pub mod vmstate;
+
+use client::SupervisorRequest;
+use protocol::Reply;
+use vmstate::{Status, VmState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MicrovmError {
+    #[error(transparent)]
+    Host(#[from] host::HostError),
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    #[error(transparent)]
+    Client(#[from] client::ClientError),
+    #[error("{0}")]
+    Failed(String),
+}
+
+type Result<T> = std::result::Result<T, MicrovmError>;
+
+fn failed(msg: impl Into<String>) -> MicrovmError {
+    MicrovmError::Failed(msg.into())
+}
+
+/// What `create` passes on.
+pub struct CreateOptions<'a> {
+    pub console_socket: Option<&'a Path>,
+    pub pid_file: Option<&'a Path>,
+    pub log: Option<&'a Path>,
+    pub log_json: bool,
+}
+
+/// Creates the container: starts its supervisor and waits until the guest
+/// has created the container (or failed to). The caller holds the root
+/// lock and checked the id is free. On failure nothing is left behind.
+pub fn create(ctx: &Context, id: &str, bundle: &Bundle, opts: CreateOptions) -> Result<()> {
+    // Fail before creating anything when the host cannot run a microVM.
+    host::Host::probe(&ctx.config)?;
+    let terminal = bundle
+        .spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.terminal())
+        .unwrap_or(false);
+    if terminal && opts.console_socket.is_none() {
+        return Err(failed(
+            "process.terminal is true: --console-socket is required",
+        ));
+    }
+    if !terminal && opts.console_socket.is_some() {
+        return Err(failed(
+            "--console-socket given but process.terminal is false",
+        ));
+    }
+    let dir = ctx.container_dir(id);
+    std::fs::create_dir(&dir)
+        .map_err(|e| failed(format!("cannot create {}: {e}", dir.display())))?;
+    let result = start_supervisor(ctx, id, bundle, &dir, &opts);
+    if result.is_err() {
+        let _ = destroy(ctx, id);
+    }
+    result
+}
+
+fn start_supervisor(
+    ctx: &Context,
+    id: &str,
+    bundle: &Bundle,
+    dir: &Path,
+    opts: &CreateOptions,
+) -> Result<()> {
+    Record {
+        isolation: Isolation::Microvm,
+        init_start_time: None,
+    }
+    .save(&ctx.root, id)?;
+    let state = VmState {
+        id: id.to_string(),
+        bundle: bundle
+            .path
+            .canonicalize()
+            .unwrap_or_else(|_| bundle.path.clone()),
+        rootfs: bundle.rootfs.clone(),
+        status: Status::Creating,
+        supervisor_pid: None,
+        supervisor_start_time: None,
+        created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+        annotations: bundle.spec.annotations().clone().unwrap_or_default(),
+        cgroup_path: PathBuf::new(),
+        exit_status: None,
+        accel: String::new(),
+        paused: false,
+    };
+    state.save(dir)?;
+
+    let (mut sync_read, sync_write) =
+        std::io::pipe().map_err(|e| failed(format!("cannot create a pipe: {e}")))?;
+    let exe = std::fs::read_link("/proc/self/exe")
+        .map_err(|e| failed(format!("cannot find the agentvm binary: {e}")))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("--root").arg(&ctx.root);
+    if let Some(cfg) = &ctx.config_path {
+        cmd.arg("--config").arg(cfg);
+    }
+    match opts.log {
+        Some(log) => cmd.arg("--log").arg(log),
+        None => cmd.arg("--log").arg(dir.join("supervisor.log")),
+    };
+    if opts.log_json {
+        cmd.arg("--log-format").arg("json");
+    }
+    cmd.arg("supervise").arg(id);
+    if let Some(sock) = opts.console_socket {
+        cmd.arg("--console-socket").arg(sock);
+    }
+    let fd = sync_write.as_raw_fd();
+    // SAFETY: between fork and exec only async-signal-safe calls: setsid
+    // (the supervisor leads its own session, as runc's init does) and dup2.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            if libc::dup2(fd, supervisor::SYNC_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| failed(format!("cannot start the supervisor: {e}")))?;
+    drop(sync_write);
+    drop(cmd);
+    let mut answer = String::new();
+    let _ = sync_read.read_to_string(&mut answer);
+    let answer = answer.trim();
+    if answer != "ok" {
+        let _ = child.kill();
+        let _ = child.wait();
+        let message = answer
+            .strip_prefix("error ")
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                let log = std::fs::read_to_string(dir.join("supervisor.log")).unwrap_or_default();
+                format!(
+                    "the supervisor died while booting the VM{}",
+                    log.lines()
+                        .last()
+                        .map(|l| format!(": {l}"))
+                        .unwrap_or_default()
+                )
+            });
+        return Err(failed(message));
+    }
+    if let Some(pid_file) = opts.pid_file {
+        write_pid_file(pid_file, child.id())?;
+    }
+    Ok(())
+}
+
+fn write_pid_file(path: &Path, pid: u32) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, pid.to_string())
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| failed(format!("cannot write pid file {}: {e}", path.display())))
+}
+
+fn load(ctx: &Context, id: &str) -> Result<VmState> {
+    Ok(VmState::load(&ctx.container_dir(id))?)
+}
+
+fn status_name(s: Status, paused: bool) -> &'static str {
+    match s {
+        Status::Creating => "creating",
+        Status::Created => "created",
+        Status::Running if paused => "paused",
+        Status::Running => "running",
+        Status::Stopped => "stopped",
+    }
+}
+
+/// `state`, in runc's shape; the pid is the supervisor's.
+pub fn state(ctx: &Context, id: &str) -> Result<RuncState> {
+    let s = load(ctx, id)?;
+    let status = s.effective_status();
+    Ok(RuncState {
+        oci_version: oci_spec::runtime::VERSION.to_string(),
+        id: s.id.clone(),
+        pid: match status {
+            Status::Stopped => 0,
+            _ => s.supervisor_pid.unwrap_or(0),
+        },
+        status: status_name(status, s.paused),
+        bundle: s.bundle.clone(),
+        rootfs: s.rootfs.clone(),
+        created: s.created.clone(),
+        annotations: Some(s.annotations.clone()).filter(|a| !a.is_empty()),
+        owner: String::new(),
+    })
+}
+
+fn ask(ctx: &Context, id: &str, req: SupervisorRequest) -> Result<Reply> {
+    let (_, reply) = client::request(&ctx.container_dir(id), id, &req, Duration::from_secs(60))?;
+    match reply {
+        Reply::Error { message } => Err(failed(message)),
+        r => Ok(r),
+    }
+}
+
+pub fn start(ctx: &Context, id: &str) -> Result<()> {
+    let s = load(ctx, id)?;
+    match s.effective_status() {
+        Status::Created => {}
+        Status::Stopped => return Err(failed("cannot start a container that has stopped")),
+        other => {
+            return Err(failed(format!(
+                "cannot start container {id} in status {}: only a created container can be started",
+                status_name(other, s.paused)
+            )))
+        }
+    }
+    ask(ctx, id, SupervisorRequest::Start)?;
+    let spec: serde_json::Value = std::fs::read(s.bundle.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_slice(&t).ok())
+        .unwrap_or_default();
+    let s = load(ctx, id)?;
+    if let Err(e) = supervisor::run_hooks_public(&spec, &s, &["poststart"]) {
+        tracing::warn!("container {id}: {e}");
+    }
+    Ok(())
+}
+
+pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
+    let s = load(ctx, id)?;
+    let status = s.effective_status();
+    if matches!(status, Status::Stopped | Status::Creating) {
+        return Err(failed(format!("container {id} is not running")));
+    }
+    let pid = s
+        .supervisor_pid
+        .ok_or_else(|| failed(format!("container {id} has no supervisor")))?;
+    if signal == libc::SIGKILL || s.paused {
+        // SIGKILL ends the supervisor, and with it the VM, at once; a
+        // paused VM cannot take a request, so signals go to the pid.
+        if s.paused && signal == libc::SIGKILL {
+            let _ = freeze(&s, FreezerState::Thawed);
+        }
+        // SAFETY: kill(2) with a pid we recorded and verified alive.
+        let rc = unsafe { libc::kill(pid, signal) };
+        if rc != 0 {
+            return Err(failed(format!(
+                "cannot signal container {id}: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        return Ok(());
+    }
+    ask(ctx, id, SupervisorRequest::Signal { signal, all })?;
+    Ok(())
+}
+
+pub fn ps(ctx: &Context, id: &str) -> Result<Vec<i32>> {
+    match ask(ctx, id, SupervisorRequest::Ps)? {
+        Reply::Pids { pids } => Ok(pids),
+        other => Err(failed(format!("unexpected reply {other:?}"))),
+    }
+}
+
+fn freeze(s: &VmState, state: FreezerState) -> Result<()> {
+    let cm = libcgroups::common::create_cgroup_manager(CgroupConfig {
+        cgroup_path: s.cgroup_path.clone(),
+        systemd_cgroup: false,
+        container_name: s.id.clone(),
+    })
+    .map_err(|e| failed(e.to_string()))?;
+    cm.freeze(state).map_err(|e| failed(e.to_string()))
+}
+
+/// Pause/resume freeze the whole VM (supervisor, VMM, file server).
+pub fn set_paused(ctx: &Context, id: &str, paused: bool) -> Result<()> {
+    let dir = ctx.container_dir(id);
+    let mut s = load(ctx, id)?;
+    let status = s.effective_status();
+    let running = status == Status::Running;
+    if paused && (!running || s.paused) {
+        return Err(failed(format!(
+            "cannot pause container {id}: it is {}, not running",
+            status_name(status, s.paused)
+        )));
+    }
+    if !paused && (!running || !s.paused) {
+        return Err(failed(format!(
+            "cannot resume container {id}: it is {}, not paused",
+            status_name(status, s.paused)
+        )));
+    }
+    freeze(
+        &s,
+        if paused {
+            FreezerState::Frozen
+        } else {
+            FreezerState::Thawed
+        },
+    )?;
+    s.paused = paused;
+    s.save(&dir)?;
+    Ok(())
+}
+
+pub fn delete(ctx: &Context, id: &str, force: bool) -> Result<()> {
+    let s = load(ctx, id)?;
+    let status = s.effective_status();
+    if matches!(status, Status::Running) && !force {
+        return Err(failed(format!(
+            "cannot delete container {id} that is not stopped: {}",
+            status_name(status, s.paused)
+        )));
+    }
+    destroy(ctx, id)
+}
+
+/// Stops whatever runs for the container and removes every trace of it:
+/// processes, cgroup, state. Used by delete and by a failed create.
+fn destroy(ctx: &Context, id: &str) -> Result<()> {
+    let dir = ctx.container_dir(id);
+    let state = VmState::load(&dir).ok();
+    if let Some(s) = &state {
+        if s.supervisor_alive() {
+            if s.paused {
+                let _ = freeze(s, FreezerState::Thawed);
+            }
+            if let Some(pid) = s.supervisor_pid {
+                // SAFETY: kill(2) on the verified supervisor pid.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        // The VMM and file server die with the supervisor (PDEATHSIG);
+        // wait until the cgroup is empty so it can be removed.
+        if !s.cgroup_path.as_os_str().is_empty() {
+            if let Ok(cm) = libcgroups::common::create_cgroup_manager(CgroupConfig {
+                cgroup_path: s.cgroup_path.clone(),
+                systemd_cgroup: false,
+                container_name: id.to_string(),
+            }) {
+                let _ = cm.freeze(FreezerState::Thawed);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let pids = cm.get_all_pids().unwrap_or_default();
+                    let alive: Vec<_> = pids
+                        .into_iter()
+                        .filter(|p| crate::state::process_start_time(p.as_raw()).is_some())
+                        .collect();
+                    if alive.is_empty() || Instant::now() > deadline {
+                        break;
+                    }
+                    for p in alive {
+                        // SAFETY: kill(2) on a pid from the container's cgroup.
+                        unsafe { libc::kill(p.as_raw(), libc::SIGKILL) };
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while cm.remove().is_err() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+        let spec: serde_json::Value = std::fs::read(s.bundle.join("config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_slice(&t).ok())
+            .unwrap_or_default();
+        if s.supervisor_pid.is_some() {
+            if let Err(e) = supervisor::run_hooks_public(&spec, s, &["poststop"]) {
+                tracing::warn!("container {id}: {e}");
+            }
+        }
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .map_err(|e| failed(format!("cannot remove {}: {e}", dir.display())))?;
+    }
+    Ok(())
+}

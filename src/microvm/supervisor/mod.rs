@@ -1,0 +1,331 @@
+//! The per-container supervisor: the host process whose life is the
+//! container's life (its pid is what `create` writes to `--pid-file`).
+//!
+//! It sets itself up in the spec's network namespace and cgroup, stages the
+//! share, starts the VMM, brings the guest agent to "created", then relays
+//! stdio, signals and CLI requests until the workload exits, and exits with
+//! the workload's status (dying by the same signal when it was killed).
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::host::{Accel, Host};
+use super::protocol::{Frame, GuestMessage, HostMessage, Reply, VERSION};
+use super::vmm::{qemu::Qemu, Backend, Vm, VmConfig};
+use super::vmstate::{Status, VmState, CONSOLE_LOG};
+use crate::config::Config;
+use crate::state::process_start_time;
+
+mod serve;
+pub use serve::run_hooks as run_hooks_public;
+mod stage;
+pub mod tty;
+
+/// The fd on which `create` waits for "ready" or an error.
+pub const SYNC_FD: i32 = 3;
+/// Exit status when the VM ends without the workload's status (guest
+/// kernel panic, VMM crash, broken control channel).
+pub const VM_LOST_STATUS: i32 = 255;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error(transparent)]
+    Stage(#[from] stage::StageError),
+    #[error(transparent)]
+    Host(#[from] super::host::HostError),
+    #[error(transparent)]
+    Vmm(#[from] super::vmm::VmmError),
+    #[error(transparent)]
+    Spec(#[from] super::spec::SpecError),
+    #[error(transparent)]
+    Initramfs(#[from] super::initramfs::InitramfsError),
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    #[error(transparent)]
+    Tty(#[from] tty::TtyError),
+    #[error("guest: {0}")]
+    Guest(String),
+    #[error("the guest did not boot within {secs}s ({detail}); console log: {console}")]
+    BootTimeout {
+        secs: u64,
+        detail: String,
+        console: PathBuf,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+pub struct Args {
+    pub dir: PathBuf,
+    pub console_socket: Option<PathBuf>,
+    pub config: Config,
+}
+
+/// Reports the outcome of boot to the waiting `create`, once.
+struct Sync(Option<File>);
+
+impl Sync {
+    fn send(&mut self, line: &str) {
+        if let Some(mut f) = self.0.take() {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+}
+
+/// Entry point of `agentvm supervise`. Never returns normally: it exits
+/// with the workload's status.
+pub fn run(args: Args) -> ! {
+    // SAFETY: `create` passes the write end of its sync pipe as SYNC_FD and
+    // nothing else in this process uses that descriptor.
+    let mut sync = Sync(Some(File::from(unsafe { OwnedFd::from_raw_fd(SYNC_FD) })));
+    let status = match boot(&args) {
+        Ok(booted) => {
+            sync.send("ok\n");
+            serve::serve(&args, booted)
+        }
+        Err(e) => {
+            let msg = format!("{e}");
+            tracing::error!("{msg}");
+            sync.send(&format!("error {}\n", msg.replace('\n', " ")));
+            1
+        }
+    };
+    exit_like(status)
+}
+
+/// A VM whose guest has created the container.
+pub struct Booted {
+    pub vm: Vm,
+    pub guest: UnixStream,
+    pub terminal: Option<tty::HostPty>,
+    pub state: VmState,
+}
+
+fn boot(args: &Args) -> Result<Booted, SupervisorError> {
+    let dir = &args.dir;
+    let mut state = VmState::load(dir)?;
+    let spec_text = std::fs::read(state.bundle.join("config.json"))
+        .map_err(|e| SupervisorError::Other(format!("cannot read config.json: {e}")))?;
+    let spec: Value = serde_json::from_slice(&spec_text)
+        .map_err(|e| SupervisorError::Other(format!("config.json: {e}")))?;
+    let host = Host::probe(&args.config)?;
+
+    stage::private_mounts()?;
+    if let Some(warning) = stage::network(&spec)? {
+        tracing::warn!("container {}: {warning}", state.id);
+    }
+    state.cgroup_path = stage::cgroup(&spec, &state.id)?;
+    state.supervisor_pid = Some(std::process::id() as i32);
+    state.supervisor_start_time = process_start_time(std::process::id() as i32);
+    state.accel = host.accel.as_str().to_string();
+    state.save(dir)?;
+    serve::run_hooks(&spec, &state, &["prestart", "createRuntime"])
+        .map_err(SupervisorError::Other)?;
+
+    let plan = super::spec::plan(&spec, &state.bundle, &state.rootfs, &args.config)?;
+    for w in &plan.warnings {
+        tracing::warn!("container {}: {w}", state.id);
+    }
+    let share_dir = dir.join("share");
+    stage::share(&share_dir, &plan.staged)?;
+
+    let terminal = spec["process"]["terminal"].as_bool().unwrap_or(false);
+    let host_pty = match (&args.console_socket, terminal) {
+        (Some(sock), true) => Some(tty::HostPty::open_and_send(sock)?),
+        (None, true) => {
+            return Err(SupervisorError::Other(
+                "process.terminal is true but no --console-socket was given".into(),
+            ))
+        }
+        _ => None,
+    };
+
+    let ctl_path = dir.join("ctl.sock");
+    let _ = std::fs::remove_file(&ctl_path);
+    let listener = UnixListener::bind(&ctl_path)
+        .map_err(|e| SupervisorError::Other(format!("cannot listen on control socket: {e}")))?;
+    let mut cmdline = String::from("console=ttyS0 reboot=t panic=-1 quiet rdinit=/init");
+    if host.accel == Accel::Tcg {
+        if let Some(khz) = super::host::tsc_khz() {
+            cmdline.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));
+        }
+    }
+    let config = VmConfig {
+        kernel: host.kernel.clone(),
+        initramfs: super::initramfs::for_self()?,
+        cmdline,
+        vcpus: plan.vcpus,
+        memory_mib: plan.memory_mib,
+        share_dir,
+        control_socket: ctl_path,
+        console_log: dir.join(CONSOLE_LOG),
+        run_dir: dir.clone(),
+        kvm: host.accel == Accel::Kvm,
+    };
+    let backend = Qemu {
+        qemu: host.qemu.clone(),
+        virtiofsd: host.virtiofsd.clone(),
+    };
+    tracing::info!(
+        "container {}: booting {} vCPU / {} MiB microVM with {} ({}: {})",
+        state.id,
+        config.vcpus,
+        config.memory_mib,
+        backend.name(),
+        host.accel.as_str(),
+        host.accel_reason
+    );
+    let mut vm = backend.launch(&config)?;
+    let timeout = Duration::from_secs(args.config.microvm.boot_timeout_secs.unwrap_or(120));
+    let mut guest = match handshake(&listener, &mut vm, timeout, &config.console_log) {
+        Ok(g) => g,
+        Err(e) => {
+            vm.kill();
+            return Err(e);
+        }
+    };
+    let reply = serve::send_and_wait(
+        &mut guest,
+        &HostMessage::Create {
+            spec: plan.spec.clone(),
+        },
+        timeout,
+    );
+    match reply {
+        Ok(Reply::Created { .. }) => {}
+        Ok(Reply::Error { message }) => {
+            vm.kill();
+            return Err(SupervisorError::Guest(message));
+        }
+        Ok(other) => {
+            vm.kill();
+            return Err(SupervisorError::Guest(format!(
+                "unexpected reply to create: {other:?}"
+            )));
+        }
+        Err(e) => {
+            vm.kill();
+            return Err(SupervisorError::Guest(e));
+        }
+    }
+    state.status = Status::Created;
+    state.save(dir)?;
+    Ok(Booted {
+        vm,
+        guest,
+        terminal: host_pty,
+        state,
+    })
+}
+
+/// Waits for the VMM to connect the control port and the agent's Hello.
+fn handshake(
+    listener: &UnixListener,
+    vm: &mut Vm,
+    timeout: Duration,
+    console: &Path,
+) -> Result<UnixStream, SupervisorError> {
+    let deadline = Instant::now() + timeout;
+    let timed_out = |detail: &str| SupervisorError::BootTimeout {
+        secs: timeout.as_secs(),
+        detail: detail.to_string(),
+        console: console.to_path_buf(),
+    };
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| SupervisorError::Other(e.to_string()))?;
+    let mut conn = loop {
+        match listener.accept() {
+            Ok((c, _)) => break c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(SupervisorError::Other(format!("control socket: {e}"))),
+        }
+        if let Some((name, status)) = vm.exited() {
+            return Err(SupervisorError::Guest(format!(
+                "{name} exited during boot ({status}); see {}",
+                console.display()
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(timed_out("the VMM never connected the control port"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    conn.set_nonblocking(false)
+        .map_err(|e| SupervisorError::Other(e.to_string()))?;
+    // Poll for Hello so a VM that dies while booting is noticed.
+    conn.set_read_timeout(Some(Duration::from_millis(200)))
+        .map_err(|e| SupervisorError::Other(e.to_string()))?;
+    loop {
+        match Frame::read_from(&mut conn) {
+            Ok(f) => {
+                let msg: GuestMessage = f
+                    .parse_control()
+                    .map_err(|e| SupervisorError::Guest(e.to_string()))?;
+                match msg {
+                    GuestMessage::Hello { version, kernel } if version == VERSION => {
+                        tracing::info!("guest agent up, kernel {kernel}");
+                        break;
+                    }
+                    GuestMessage::Hello { version, .. } => {
+                        return Err(SupervisorError::Guest(format!(
+                            "guest agent speaks protocol {version}, host {VERSION}"
+                        )))
+                    }
+                    GuestMessage::Log { message, .. } => tracing::warn!("guest: {message}"),
+                    other => {
+                        return Err(SupervisorError::Guest(format!(
+                            "expected hello, got {other:?}"
+                        )))
+                    }
+                }
+            }
+            Err(super::protocol::ProtocolError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => return Err(SupervisorError::Guest(e.to_string())),
+        }
+        if let Some((name, status)) = vm.exited() {
+            return Err(SupervisorError::Guest(format!(
+                "{name} exited during boot ({status}); see {}",
+                console.display()
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(timed_out("no hello from the guest agent"));
+        }
+    }
+    conn.set_read_timeout(None)
+        .map_err(|e| SupervisorError::Other(e.to_string()))?;
+    Ok(conn)
+}
+
+/// Exits as the workload did: a status above 128 that names a signal is
+/// re-raised, so the waiting shim sees the same death runc's init would
+/// have shown it.
+fn exit_like(status: i32) -> ! {
+    if (129..=128 + 64).contains(&status) {
+        let sig = status - 128;
+        if sig != libc::SIGSTOP && sig != libc::SIGTSTP {
+            // SAFETY: resetting a disposition and raising a signal at
+            // ourselves; no memory is shared.
+            unsafe {
+                libc::signal(sig, libc::SIG_DFL);
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, sig);
+                libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+                libc::raise(sig);
+            }
+        }
+    }
+    std::process::exit(status.clamp(0, 255))
+}

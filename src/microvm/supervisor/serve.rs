@@ -1,0 +1,486 @@
+//! The supervisor's running phase: relay stdio, forward signals and CLI
+//! requests to the guest, and end with the workload.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use signal_hook::consts::signal::*;
+
+use super::{Args, Booted, VM_LOST_STATUS};
+use crate::microvm::client::{ExecControl, ExecEvent, SupervisorRequest};
+use crate::microvm::protocol::{
+    Frame, GuestMessage, HostMessage, Kind, Reply, INIT_STREAM, MAX_PAYLOAD,
+};
+use crate::microvm::vmstate::{Status, VmState, SUPERVISOR_SOCKET};
+
+/// How long a request to the guest may take before the guest is declared
+/// unresponsive.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Sends one request on a connection nobody else reads and waits for its
+/// reply, skipping the guest's logs. Used before the reader thread runs.
+pub fn send_and_wait(
+    guest: &mut UnixStream,
+    msg: &HostMessage,
+    timeout: Duration,
+) -> Result<Reply, String> {
+    Frame::control(msg)
+        .write_to(guest)
+        .map_err(|e| e.to_string())?;
+    guest
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let result = loop {
+        let frame = Frame::read_from(guest).map_err(|e| e.to_string())?;
+        if frame.kind != Kind::Control {
+            continue;
+        }
+        match frame
+            .parse_control::<GuestMessage>()
+            .map_err(|e| e.to_string())?
+        {
+            GuestMessage::Reply(r) => break Ok(r),
+            GuestMessage::Log { message, .. } => tracing::warn!("guest: {message}"),
+            other => break Err(format!("unexpected message from the guest: {other:?}")),
+        }
+    };
+    guest.set_read_timeout(None).map_err(|e| e.to_string())?;
+    result
+}
+
+/// Runs the spec's hooks of the given kinds on the host, with the
+/// supervisor as the container's pid.
+pub fn run_hooks(spec: &Value, state: &VmState, kinds: &[&str]) -> Result<(), String> {
+    let Some(hooks) = spec.get("hooks") else {
+        return Ok(());
+    };
+    let hooks: oci_spec::runtime::Hooks =
+        serde_json::from_value(hooks.clone()).map_err(|e| format!("hooks: {e}"))?;
+    let status = match state.status {
+        Status::Creating => libcontainer::container::ContainerStatus::Creating,
+        Status::Created => libcontainer::container::ContainerStatus::Created,
+        Status::Running => libcontainer::container::ContainerStatus::Running,
+        Status::Stopped => libcontainer::container::ContainerStatus::Stopped,
+    };
+    let mut lc_state = libcontainer::container::state::State::new(
+        &state.id,
+        status,
+        state.supervisor_pid,
+        state.bundle.clone(),
+    );
+    lc_state.annotations = Some(state.annotations.clone());
+    for kind in kinds {
+        let list = match *kind {
+            "prestart" => hooks.prestart(),
+            "createRuntime" => hooks.create_runtime(),
+            "poststart" => hooks.poststart(),
+            "poststop" => hooks.poststop(),
+            _ => &None,
+        };
+        libcontainer::hooks::run_hooks(list.as_ref(), Some(&lc_state), None, None, None)
+            .map_err(|e| format!("{kind} hook failed: {}", crate::container::lc_error(e)))?;
+    }
+    Ok(())
+}
+
+enum Event {
+    InitExit(i32),
+    GuestGone(String),
+    Signal(i32),
+}
+
+/// What the reader thread and request handlers share.
+struct Shared {
+    writer: Mutex<UnixStream>,
+    /// The reply slot of the one request in flight.
+    pending: Mutex<Option<Sender<Reply>>>,
+    /// Serialises requests: the guest answers in order.
+    request_lock: Mutex<()>,
+    /// Exec relays by stream.
+    execs: Mutex<HashMap<u32, UnixStream>>,
+    next_exec: AtomicU32,
+    /// Where stream 0's output goes.
+    stdout: Mutex<Box<dyn Write + Send>>,
+    stderr: Mutex<Box<dyn Write + Send>>,
+    events: Sender<Event>,
+    dir: std::path::PathBuf,
+}
+
+impl Shared {
+    fn send(&self, frame: &Frame) -> Result<(), String> {
+        let mut w = self
+            .writer
+            .lock()
+            .map_err(|_| "writer poisoned".to_string())?;
+        frame.write_to(&mut *w).map_err(|e| e.to_string())
+    }
+
+    fn request(&self, msg: &HostMessage) -> Result<Reply, String> {
+        let _one = self
+            .request_lock
+            .lock()
+            .map_err(|_| "request lock poisoned".to_string())?;
+        let (tx, rx) = mpsc::channel();
+        *self.pending.lock().map_err(|_| "pending poisoned")? = Some(tx);
+        self.send(&Frame::control(msg))?;
+        rx.recv_timeout(REQUEST_TIMEOUT).map_err(|_| {
+            // A late reply would answer the next request: the channel can
+            // no longer be trusted.
+            let why = format!("the guest did not answer within {REQUEST_TIMEOUT:?}");
+            let _ = self.events.send(Event::GuestGone(why.clone()));
+            why
+        })
+    }
+}
+
+pub fn serve(args: &Args, booted: Booted) -> i32 {
+    let Booted {
+        mut vm,
+        guest,
+        terminal,
+        mut state,
+    } = booted;
+    let (events_tx, events) = mpsc::channel();
+    let writer = match guest.try_clone() {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!("control channel: {e}");
+            vm.kill();
+            return VM_LOST_STATUS;
+        }
+    };
+    let (out, err): (Box<dyn Write + Send>, Box<dyn Write + Send>) = match &terminal {
+        Some(t) => match (t.writer(), t.writer()) {
+            (Ok(a), Ok(b)) => (Box::new(a), Box::new(b)),
+            _ => (Box::new(std::io::stdout()), Box::new(std::io::stderr())),
+        },
+        None => (Box::new(std::io::stdout()), Box::new(std::io::stderr())),
+    };
+    let shared = Arc::new(Shared {
+        writer: Mutex::new(writer),
+        pending: Mutex::new(None),
+        request_lock: Mutex::new(()),
+        execs: Mutex::new(HashMap::new()),
+        next_exec: AtomicU32::new(1),
+        stdout: Mutex::new(out),
+        stderr: Mutex::new(err),
+        events: events_tx.clone(),
+        dir: args.dir.clone(),
+    });
+    spawn_reader(shared.clone(), guest);
+    spawn_stdin(
+        shared.clone(),
+        terminal.as_ref().and_then(|t| t.reader().ok()),
+    );
+    if let Err(e) = spawn_cli(shared.clone()) {
+        tracing::error!("cannot serve {SUPERVISOR_SOCKET}: {e}");
+        vm.kill();
+        return VM_LOST_STATUS;
+    }
+    spawn_signals(events_tx);
+
+    let status = wait_for_end(&shared, &events, &mut vm, terminal.as_ref());
+    // The workload is gone: power the guest off, then make sure.
+    let _ = shared.request(&HostMessage::Shutdown);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline && vm.exited().is_none() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    vm.kill();
+    if let Ok(mut s) = VmState::load(&args.dir) {
+        s.status = Status::Stopped;
+        s.exit_status = Some(status);
+        let _ = s.save(&args.dir);
+    } else {
+        state.status = Status::Stopped;
+        let _ = state.save(&args.dir);
+    }
+    status
+}
+
+fn wait_for_end(
+    shared: &Arc<Shared>,
+    events: &Receiver<Event>,
+    vm: &mut super::Vm,
+    terminal: Option<&super::tty::HostPty>,
+) -> i32 {
+    loop {
+        match events.recv_timeout(Duration::from_millis(100)) {
+            Ok(Event::InitExit(status)) => return status,
+            Ok(Event::GuestGone(why)) => {
+                tracing::error!("container stopped: {why}");
+                return VM_LOST_STATUS;
+            }
+            Ok(Event::Signal(SIGWINCH)) => {
+                if let Some((rows, cols)) = terminal.and_then(|t| t.size()) {
+                    let s = shared.clone();
+                    std::thread::spawn(move || {
+                        let _ = s.request(&HostMessage::Resize {
+                            id: INIT_STREAM,
+                            rows,
+                            cols,
+                        });
+                    });
+                }
+            }
+            Ok(Event::Signal(sig)) => {
+                let s = shared.clone();
+                std::thread::spawn(move || {
+                    if let Err(e) = s.request(&HostMessage::Signal {
+                        id: INIT_STREAM,
+                        signal: sig,
+                        all: false,
+                    }) {
+                        tracing::warn!("cannot forward signal {sig}: {e}");
+                    }
+                });
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if let Some((name, status)) = vm.exited() {
+                    tracing::error!(
+                        "container stopped: {name} exited unexpectedly ({status}); guest console: {}",
+                        shared.dir.join(crate::microvm::vmstate::CONSOLE_LOG).display()
+                    );
+                    return VM_LOST_STATUS;
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => return VM_LOST_STATUS,
+        }
+    }
+}
+
+fn spawn_reader(shared: Arc<Shared>, mut guest: UnixStream) {
+    std::thread::spawn(move || loop {
+        let frame = match Frame::read_from(&mut guest) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = shared
+                    .events
+                    .send(Event::GuestGone(format!("control channel: {e}")));
+                return;
+            }
+        };
+        if let Err(why) = dispatch(&shared, frame) {
+            // A guest that breaks the protocol is not trusted further.
+            tracing::error!("guest protocol violation: {why}");
+            let _ = shared.events.send(Event::GuestGone(format!(
+                "the guest sent a malformed message ({why})"
+            )));
+            return;
+        }
+    });
+}
+
+fn dispatch(shared: &Shared, frame: Frame) -> Result<(), String> {
+    match frame.kind {
+        Kind::Control => match frame
+            .parse_control::<GuestMessage>()
+            .map_err(|e| e.to_string())?
+        {
+            GuestMessage::Reply(r) => {
+                let slot = shared.pending.lock().map_err(|_| "poisoned")?.take();
+                match slot {
+                    Some(tx) => {
+                        let _ = tx.send(r);
+                    }
+                    None => return Err("a reply nobody asked for".into()),
+                }
+            }
+            GuestMessage::Exit { id, status } if id == INIT_STREAM => {
+                if let Ok(mut o) = shared.stdout.lock() {
+                    let _ = o.flush();
+                }
+                let _ = shared.events.send(Event::InitExit(status));
+            }
+            GuestMessage::Exit { id, status } => {
+                let relay = shared.execs.lock().map_err(|_| "poisoned")?.remove(&id);
+                if let Some(mut conn) = relay {
+                    let _ = Frame::control(&ExecEvent::Exit { status }).write_to(&mut conn);
+                }
+            }
+            GuestMessage::Log { level, message } => tracing::warn!("guest {level}: {message}"),
+            GuestMessage::Hello { .. } => return Err("a second hello".into()),
+        },
+        Kind::Stdout | Kind::Stderr if frame.stream == INIT_STREAM => {
+            let sink = if frame.kind == Kind::Stdout {
+                &shared.stdout
+            } else {
+                &shared.stderr
+            };
+            if let Ok(mut w) = sink.lock() {
+                let _ = w.write_all(&frame.payload).and_then(|_| w.flush());
+            }
+        }
+        Kind::Stdout | Kind::Stderr => {
+            let mut execs = shared.execs.lock().map_err(|_| "poisoned")?;
+            if let Some(conn) = execs.get_mut(&frame.stream) {
+                let f = Frame::data(frame.kind, 0, &frame.payload);
+                let _ = f.write_to(conn);
+            }
+        }
+        Kind::Stdin | Kind::StdinClose => return Err("stdin frames go to the guest".into()),
+    }
+    Ok(())
+}
+
+/// Pumps our stdin (or the host pty) into the guest as stream 0.
+fn spawn_stdin(shared: Arc<Shared>, pty: Option<std::fs::File>) {
+    std::thread::spawn(move || {
+        let mut input: Box<dyn Read> = match pty {
+            Some(f) => Box::new(f),
+            None => Box::new(std::io::stdin()),
+        };
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match input.read(&mut buf) {
+                Ok(0) | Err(_) => {
+                    let _ = shared.send(&Frame::data(Kind::StdinClose, INIT_STREAM, b""));
+                    return;
+                }
+                Ok(n) => {
+                    if shared
+                        .send(&Frame::data(Kind::Stdin, INIT_STREAM, &buf[..n]))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+}
+
+fn spawn_signals(events: Sender<Event>) {
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([
+        SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH, SIGCONT,
+    ]) else {
+        tracing::warn!("cannot install signal handlers; signals will not be forwarded");
+        return;
+    };
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if events.send(Event::Signal(sig)).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// Serves `agentvm start/kill/ps/exec` on the supervisor socket.
+fn spawn_cli(shared: Arc<Shared>) -> std::io::Result<()> {
+    let path = shared.dir.join(SUPERVISOR_SOCKET);
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)?;
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let s = shared.clone();
+            std::thread::spawn(move || handle_cli(s, conn));
+        }
+    });
+    Ok(())
+}
+
+fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
+    let req: SupervisorRequest = match Frame::read_from(&mut conn).and_then(|f| f.parse_control()) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = Frame::control(&Reply::Error {
+                message: format!("bad request: {e}"),
+            })
+            .write_to(&mut conn);
+            return;
+        }
+    };
+    let reply = match &req {
+        SupervisorRequest::Start => {
+            let r = shared.request(&HostMessage::Start);
+            if matches!(r, Ok(Reply::Ok)) {
+                if let Ok(mut s) = VmState::load(&shared.dir) {
+                    s.status = Status::Running;
+                    let _ = s.save(&shared.dir);
+                }
+            }
+            r
+        }
+        SupervisorRequest::Signal { signal, all } => shared.request(&HostMessage::Signal {
+            id: INIT_STREAM,
+            signal: *signal,
+            all: *all,
+        }),
+        SupervisorRequest::Ps => shared.request(&HostMessage::Ps),
+        SupervisorRequest::Stats => shared.request(&HostMessage::Stats),
+        SupervisorRequest::Exec { process } => {
+            return exec(shared, conn, process.clone());
+        }
+    };
+    let reply = reply.unwrap_or_else(|message| Reply::Error { message });
+    let _ = Frame::control(&reply).write_to(&mut conn);
+}
+
+/// Starts an exec'd process and turns the connection into its stream.
+fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Value) {
+    let id = shared.next_exec.fetch_add(1, Ordering::Relaxed);
+    match conn.try_clone() {
+        Ok(c) => {
+            if let Ok(mut execs) = shared.execs.lock() {
+                execs.insert(id, c);
+            }
+        }
+        Err(e) => {
+            let _ = Frame::control(&Reply::Error {
+                message: e.to_string(),
+            })
+            .write_to(&mut conn);
+            return;
+        }
+    }
+    let reply = shared
+        .request(&HostMessage::Exec { id, process })
+        .unwrap_or_else(|message| Reply::Error { message });
+    let started = matches!(reply, Reply::Started { .. });
+    if !started {
+        if let Ok(mut execs) = shared.execs.lock() {
+            execs.remove(&id);
+        }
+    }
+    let _ = Frame::control(&reply).write_to(&mut conn);
+    if !started {
+        return;
+    }
+    // Relay → guest: stdin and control.
+    loop {
+        let frame = match Frame::read_from(&mut conn) {
+            Ok(f) => f,
+            Err(_) => return,
+        };
+        let result = match frame.kind {
+            Kind::Stdin | Kind::StdinClose if frame.payload.len() <= MAX_PAYLOAD => {
+                shared.send(&Frame::data(frame.kind, id, &frame.payload))
+            }
+            Kind::Control => match frame.parse_control::<ExecControl>() {
+                Ok(ExecControl::Signal { signal }) => shared
+                    .request(&HostMessage::Signal {
+                        id,
+                        signal,
+                        all: false,
+                    })
+                    .map(|_| ()),
+                Ok(ExecControl::Resize { rows, cols }) => shared
+                    .request(&HostMessage::Resize { id, rows, cols })
+                    .map(|_| ()),
+                Err(e) => Err(e.to_string()),
+            },
+            _ => Err("unexpected frame from exec relay".into()),
+        };
+        if let Err(e) = result {
+            tracing::warn!("exec {id}: {e}");
+            return;
+        }
+    }
+}

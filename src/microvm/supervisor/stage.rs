@@ -1,0 +1,158 @@
+//! The supervisor's own setup: its namespaces and cgroup (the ones the spec
+//! asks for, so Docker's network hooks and `docker stats` keep their
+//! meaning), and the share it exports to the guest.
+
+use std::path::{Path, PathBuf};
+
+use libcgroups::common::{CgroupConfig, CgroupManager, ControllerOpt};
+use nix::mount::{mount, MsFlags};
+use nix::sched::{setns, unshare, CloneFlags};
+use nix::unistd::Pid;
+use oci_spec::runtime::{LinuxResources, LinuxResourcesBuilder};
+use serde_json::Value;
+
+use crate::microvm::spec::Staged;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error("{what}: {source}")]
+    Sys {
+        what: String,
+        source: nix::errno::Errno,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("cgroup {path}: {message}")]
+    Cgroup { path: PathBuf, message: String },
+}
+
+fn sys(what: impl Into<String>) -> impl FnOnce(nix::errno::Errno) -> StageError {
+    let what = what.into();
+    move |source| StageError::Sys { what, source }
+}
+
+/// A mount namespace of our own, so the staging binds never show on the
+/// host and vanish with the supervisor.
+pub fn private_mounts() -> Result<(), StageError> {
+    unshare(CloneFlags::CLONE_NEWNS).map_err(sys("unshare mount namespace"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(sys("make / private"))
+}
+
+/// Joins or creates the network namespace the spec names. Returns a
+/// warning when the container's network cannot reach the guest yet.
+pub fn network(spec: &Value) -> Result<Option<String>, StageError> {
+    let ns = spec["linux"]["namespaces"]
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["type"] == "network"));
+    let Some(ns) = ns else {
+        return Ok(None);
+    };
+    match ns["path"].as_str() {
+        Some(path) => {
+            let f = std::fs::File::open(path).map_err(|source| StageError::Io {
+                what: format!("open network namespace {path}"),
+                source,
+            })?;
+            setns(f, CloneFlags::CLONE_NEWNET).map_err(sys(format!("join {path}")))?;
+        }
+        None => unshare(CloneFlags::CLONE_NEWNET).map_err(sys("unshare network namespace"))?,
+    }
+    Ok(Some(
+        "microvm networking is not implemented yet: the guest has loopback only; \
+         interfaces in the container's network namespace are not passed to it"
+            .into(),
+    ))
+}
+
+/// The supervisor's cgroup: created at the spec's cgroupsPath, with the
+/// CPU and pids limits applied (the memory limit is the guest's RAM, not a
+/// host limit on the VMM, which needs headroom beyond it).
+pub fn cgroup(spec: &Value, id: &str) -> Result<PathBuf, StageError> {
+    let path = spec["linux"]["cgroupsPath"]
+        .as_str()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(format!("/agentvm/{id}")));
+    let err = |message: String| StageError::Cgroup {
+        path: path.clone(),
+        message,
+    };
+    let cm = libcgroups::common::create_cgroup_manager(CgroupConfig {
+        cgroup_path: path.clone(),
+        systemd_cgroup: false,
+        container_name: id.to_string(),
+    })
+    .map_err(|e| err(e.to_string()))?;
+    cm.add_task(Pid::this()).map_err(|e| err(e.to_string()))?;
+    let full: Option<LinuxResources> =
+        serde_json::from_value(spec["linux"]["resources"].clone()).ok();
+    if let Some(full) = full {
+        let mut r = LinuxResourcesBuilder::default()
+            .build()
+            .map_err(|e| err(e.to_string()))?;
+        r.set_cpu(full.cpu().clone());
+        r.set_pids(*full.pids());
+        cm.apply(&ControllerOpt {
+            resources: &r,
+            disable_oom_killer: false,
+            oom_score_adj: None,
+            freezer_state: None,
+        })
+        .map_err(|e| err(e.to_string()))?;
+    }
+    Ok(path)
+}
+
+/// Bind-mounts each staged host path into `share` (inside our private
+/// mount namespace); read-only entries are remounted read-only so the
+/// file server, and so the guest, cannot write them.
+pub fn share(share: &Path, staged: &[Staged]) -> Result<(), StageError> {
+    std::fs::create_dir_all(share).map_err(|source| StageError::Io {
+        what: format!("create {}", share.display()),
+        source,
+    })?;
+    for s in staged {
+        let target = share.join(&s.name);
+        let meta = std::fs::metadata(&s.source).map_err(|source| StageError::Io {
+            what: format!("bind mount source {}", s.source.display()),
+            source,
+        })?;
+        let made = if meta.is_dir() {
+            std::fs::create_dir(&target)
+        } else {
+            std::fs::File::create(&target).map(|_| ())
+        };
+        made.map_err(|source| StageError::Io {
+            what: format!("create {}", target.display()),
+            source,
+        })?;
+        mount(
+            Some(&s.source),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(sys(format!("bind {}", s.source.display())))?;
+        if s.readonly {
+            mount(
+                None::<&str>,
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                None::<&str>,
+            )
+            .map_err(sys(format!("remount {} read-only", target.display())))?;
+        }
+    }
+    Ok(())
+}

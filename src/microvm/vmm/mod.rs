@@ -1,0 +1,95 @@
+//! The VMM backend interface. The microvm tier describes the VM once
+//! ([`VmConfig`]); a backend starts it and hands back its processes. The
+//! guest (kernel, agent, protocol) and the share layout are the same for
+//! every backend.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+
+pub mod qemu;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    #[error("cannot start {what}: {source}")]
+    Spawn {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("cannot set up {what}: {source}")]
+    Setup {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+/// What to boot.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+    pub cmdline: String,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    /// Host directory exported to the guest with the tag
+    /// `protocol::SHARE_TAG`.
+    pub share_dir: PathBuf,
+    /// Unix socket the supervisor listens on; the VMM connects it to the
+    /// guest's control port.
+    pub control_socket: PathBuf,
+    /// Where the guest's serial console goes.
+    pub console_log: PathBuf,
+    /// A private directory for the backend's own sockets.
+    pub run_dir: PathBuf,
+    pub kvm: bool,
+}
+
+/// A running VM: the processes that make it up, the VMM first.
+pub struct Vm {
+    pub processes: Vec<(&'static str, Child)>,
+}
+
+impl Vm {
+    /// The first process that has exited, with its status.
+    pub fn exited(&mut self) -> Option<(&'static str, std::process::ExitStatus)> {
+        for (name, child) in &mut self.processes {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some((name, status));
+            }
+        }
+        None
+    }
+
+    pub fn kill(&mut self) {
+        for (_, child) in &mut self.processes {
+            let _ = child.kill();
+        }
+        for (_, child) in &mut self.processes {
+            let _ = child.wait();
+        }
+    }
+}
+
+pub trait Backend {
+    fn name(&self) -> &'static str;
+    fn launch(&self, config: &VmConfig) -> Result<Vm, VmmError>;
+}
+
+/// Makes a helper process die with its supervisor, so a SIGKILLed
+/// supervisor never leaves a VM behind.
+pub fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: the closure runs between fork and exec and only calls
+    // prctl, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may already be gone.
+            if libc::getppid() == 1 {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,161 @@
+//! The qemu backend: Debian's `qemu-system-x86_64 -M microvm`, KVM where
+//! the host has hardware virtualization and TCG elsewhere, with the share
+//! served by one `virtiofsd` over vhost-user.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::{die_with_parent, Backend, Vm, VmConfig, VmmError};
+use crate::microvm::protocol::{PORT_NAME, SHARE_TAG};
+
+pub struct Qemu {
+    pub qemu: PathBuf,
+    pub virtiofsd: PathBuf,
+}
+
+/// virtiofsd gets its listening socket as this fd.
+const VIRTIOFSD_FD: i32 = 3;
+
+impl Qemu {
+    /// The virtiofsd command and the listening socket it inherits; the
+    /// caller keeps the listener open until the command is spawned.
+    fn virtiofsd(
+        &self,
+        config: &VmConfig,
+        socket: &PathBuf,
+    ) -> Result<(Command, UnixListener), VmmError> {
+        let _ = std::fs::remove_file(socket);
+        let listener = UnixListener::bind(socket).map_err(|source| VmmError::Setup {
+            what: format!("virtiofsd socket {}", socket.display()),
+            source,
+        })?;
+        let mut cmd = Command::new(&self.virtiofsd);
+        cmd.arg("--fd")
+            .arg(VIRTIOFSD_FD.to_string())
+            .arg("--shared-dir")
+            .arg(&config.share_dir)
+            .args(["--cache", "auto", "--sandbox", "namespace"])
+            .args(["--log-level", "error"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        let fd = listener.as_raw_fd();
+        // SAFETY: runs between fork and exec; dup2 is async-signal-safe and
+        // the listener's fd stays valid until spawn returns (the caller
+        // holds the listener).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(fd, VIRTIOFSD_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        die_with_parent(&mut cmd);
+        Ok((cmd, listener))
+    }
+
+    fn qemu_args(&self, config: &VmConfig, fs_socket: &Path) -> Vec<String> {
+        let mem = config.memory_mib;
+        let mut a: Vec<String> = Vec::new();
+        let mut push = |s: &str| a.push(s.to_string());
+        push("-M");
+        push("microvm,acpi=off,memory-backend=mem,rtc=on");
+        if config.kvm {
+            push("-accel");
+            push("kvm");
+            push("-cpu");
+            push("host,-arch-capabilities");
+        } else {
+            push("-accel");
+            push("tcg");
+            push("-cpu");
+            push("max");
+        }
+        push("-smp");
+        push(&config.vcpus.to_string());
+        push("-m");
+        push(&format!("{mem}M"));
+        push("-object");
+        push(&format!("memory-backend-memfd,id=mem,size={mem}M,share=on"));
+        for s in ["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"] {
+            push(s);
+        }
+        push("-kernel");
+        push(&config.kernel.to_string_lossy());
+        push("-initrd");
+        push(&config.initramfs.to_string_lossy());
+        push("-append");
+        push(&config.cmdline);
+        push("-chardev");
+        push(&format!(
+            "file,id=con,path={}",
+            config.console_log.display()
+        ));
+        push("-serial");
+        push("chardev:con");
+        push("-chardev");
+        push(&format!("socket,id=fs0,path={}", fs_socket.display()));
+        push("-device");
+        push(&format!("vhost-user-fs-device,chardev=fs0,tag={SHARE_TAG}"));
+        push("-device");
+        push("virtio-serial-device");
+        push("-chardev");
+        push(&format!(
+            "socket,id=ctl,path={}",
+            config.control_socket.display()
+        ));
+        push("-device");
+        push(&format!("virtserialport,chardev=ctl,name={PORT_NAME}"));
+        push("-device");
+        push("virtio-rng-device");
+        a
+    }
+}
+
+impl Backend for Qemu {
+    fn name(&self) -> &'static str {
+        "qemu"
+    }
+
+    fn launch(&self, config: &VmConfig) -> Result<Vm, VmmError> {
+        let fs_socket = config.run_dir.join("virtiofsd.sock");
+        let (mut fs_cmd, listener) = self.virtiofsd(config, &fs_socket)?;
+        let virtiofsd = fs_cmd.spawn().map_err(|source| VmmError::Spawn {
+            what: "virtiofsd",
+            source,
+        })?;
+        drop(listener);
+        let mut vm = Vm {
+            processes: vec![("virtiofsd", virtiofsd)],
+        };
+        let mut cmd = Command::new(&self.qemu);
+        cmd.args(self.qemu_args(config, &fs_socket))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(config.run_dir.join("qemu.log"))
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::null()),
+            );
+        die_with_parent(&mut cmd);
+        match cmd.spawn() {
+            Ok(child) => {
+                vm.processes.insert(0, ("qemu", child));
+                Ok(vm)
+            }
+            Err(source) => {
+                vm.kill();
+                Err(VmmError::Spawn {
+                    what: "qemu-system-x86_64",
+                    source,
+                })
+            }
+        }
+    }
+}
