@@ -10,7 +10,9 @@ CARGO_PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
 export AGENTVM_COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
-.PHONY: all build deps install demo test lint unit-test integration-test conformance bench clean
+.PHONY: all build deps kernel virtiofsd install demo test lint unit-test integration-test conformance bench clean
+
+KERNEL_DEST := $(DESTDIR)$(PREFIX)/share/agentvm/vmlinux
 
 all: build
 
@@ -20,7 +22,14 @@ deps:
 build:
 	$(CARGO) build $(CARGO_PROFILE_FLAG) --locked -p agentvm
 
-install: build
+# The guest kernel, built once per config into /var/cache/agentvm/kernels.
+kernel:
+	install -D -m 0644 "$$(kernels/build.sh)" $(KERNEL_DEST)
+
+virtiofsd:
+	scripts/install-virtiofsd.sh
+
+install: build kernel virtiofsd
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/agentvm
 	scripts/register-docker-runtimes.sh $(PREFIX)/bin/agentvm
 
@@ -42,8 +51,8 @@ conformance: build
 
 test: deps lint unit-test integration-test conformance
 
-bench: deps build
-	bench/run.sh $(BIN)
+bench: deps
+	$(CARGO) bench --locked -p agentvm --bench compare
 
 clean:
 	$(CARGO) clean

@@ -11,7 +11,9 @@ PACKAGES=(
   # images and test tools
   busybox-static iproute2 iptables socat jq procps util-linux psmisc
   # the microvm tier: QEMU, and what virtiofsd builds against
-  qemu-system-x86 libcap-ng-dev
+  qemu-system-x86 libcap-ng-dev cpio e2fsprogs
+  # the guest kernel (kernels/build.sh)
+  linux-source-6.1 bc bison flex libelf-dev libssl-dev xz-utils
 )
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -10,6 +10,7 @@ mod cli;
 mod config;
 mod container;
 mod context;
+mod guest;
 mod logging;
 mod microvm;
 mod signal;
@@ -19,6 +20,10 @@ use cli::{Cli, Command};
 use context::Context;
 
 fn main() -> ExitCode {
+    // Booted as /init of a microVM: the guest agent (never returns).
+    if std::process::id() == 1 {
+        guest::main();
+    }
     // SIGPIPE stays ignored (Rust's default) so that a hook that exits
     // without reading its state, or a closed stdout, is an error we handle
     // rather than our death; workloads get the default back right before
@@ -62,6 +67,7 @@ fn dispatch(global: &cli::GlobalOpts, command: Command) -> anyhow::Result<u8> {
     match &command {
         Command::Spec(args) => return cli::spec::run(args, global.rootless.as_deref()).map(|_| 0),
         Command::Features(args) => return cli::features::run(global, args).map(|_| 0),
+        Command::Check(args) => return cli::check::run(global, args),
         _ => {}
     }
     let ctx = Context::new(global)?;
@@ -86,6 +92,8 @@ fn dispatch(global: &cli::GlobalOpts, command: Command) -> anyhow::Result<u8> {
                 config: ctx.config,
             })
         }
-        Command::Spec(_) | Command::Features(_) => unreachable!("handled above"),
+        Command::Spec(_) | Command::Features(_) | Command::Check(_) => {
+            unreachable!("handled above")
+        }
     }
 }

@@ -113,6 +113,14 @@ const SECCOMP_ARCHS: &[&str] = &["SCMP_ARCH_X86", "SCMP_ARCH_X86_64", "SCMP_ARCH
 pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
     let config = Config::load(global.config.as_deref())?;
     let (default_tier, source) = config.select_isolation(global.isolation, None)?;
+    let microvm = match crate::microvm::host::Host::probe(&config) {
+        Ok(h) => format!(
+            "available: qemu microvm, {} ({}); exec, update and events are not implemented yet",
+            h.accel.as_str(),
+            h.accel_reason
+        ),
+        Err(e) => format!("not available on this host: {e}"),
+    };
     let mut caps: Vec<String> = caps::all().iter().map(|c| c.to_string()).collect();
     caps.sort();
     let doc = json!({
@@ -139,7 +147,7 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
             "io.agentvm.version": env!("CARGO_PKG_VERSION"),
             "io.agentvm.isolation.default": format!("{default_tier} (from {source})"),
             "io.agentvm.isolation.container": "available: namespaces, cgroups v1/v2, seccomp, capabilities (youki libcontainer 0.7)",
-            "io.agentvm.isolation.microvm": "not available: the microvm tier is not implemented in this build",
+            "io.agentvm.isolation.microvm": microvm,
             "io.agentvm.checkpoint": "not supported",
             "io.agentvm.microvm.kernel": config.microvm.kernel.as_ref().map_or_else(|| "not configured".to_string(), |k| k.display().to_string()),
         },

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::Isolation;
 
+pub mod check;
 pub mod create;
 pub mod delete;
 pub mod events;
@@ -122,6 +123,8 @@ pub enum Command {
     Spec(spec::SpecArgs),
     /// Show the features this runtime implements, per isolation tier
     Features(features::FeaturesArgs),
+    /// Show which isolation tiers this host can run, and why not
+    Check(check::CheckArgs),
     /// (internal) the per-container supervisor of a microVM
     #[command(hide = true)]
     Supervise(SuperviseArgs),

@@ -7,8 +7,9 @@ use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
 use libcontainer::syscall::syscall::SyscallType;
 
+use super::idmap::MapHelpers;
 use super::workload::Workload;
-use super::{lc_error, TierError};
+use super::{console, cwd, fixup, lc_error, lsm, TierError};
 use crate::bundle::Bundle;
 use crate::config::Isolation;
 use crate::context::Context;
@@ -37,10 +38,21 @@ pub fn create(
     bundle: &Bundle,
     opts: CreateOptions,
 ) -> Result<Container, TierError> {
+    // Before libcontainer starts anything: it ignores SELinux labels, and
+    // its init changes to the cwd before it waits for `start`.
+    lsm::check_spec(&bundle.spec, lsm::selinux_enabled())?;
+    cwd::ensure(&bundle.spec, &bundle.rootfs)?;
     let dir = ctx.container_dir(id);
-    let result = build(ctx, id, bundle, opts);
+    let result = {
+        let _helpers = MapHelpers::install(&bundle.spec, &ctx.root)?;
+        build(ctx, id, bundle, opts)
+    };
     match result {
         Ok(container) => {
+            if let Err(e) = fix_up(&container, bundle) {
+                discard(ctx, id, &container);
+                return Err(e);
+            }
             let record = Record {
                 isolation: Isolation::Container,
                 init_start_time: container.pid().and_then(|p| process_start_time(p.as_raw())),
@@ -96,6 +108,20 @@ fn build(
         .with_no_pivot(opts.no_pivot)
         .build()
         .map_err(lc_error)
+}
+
+/// What libcontainer left out, done while the init waits for `start`: the
+/// mounts' flags and propagation, and the terminal's size.
+fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), TierError> {
+    let pid = container
+        .pid()
+        .ok_or_else(|| TierError::Libcontainer("the created container has no init pid".into()))?
+        .as_raw();
+    fixup::apply(pid, &fixup::plan(&bundle.spec))?;
+    if let Some((rows, cols)) = console::wanted(bundle.spec.process().as_ref())? {
+        console::apply_to_init(pid, rows, cols)?;
+    }
+    Ok(())
 }
 
 /// Undoes a container that was created but cannot be kept.

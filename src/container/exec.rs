@@ -7,10 +7,11 @@ use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::ContainerStatus;
 use libcontainer::syscall::syscall::SyscallType;
 use nix::unistd::Pid;
-use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompAction, Spec};
+use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompAction, Process, Spec};
 
+use super::console::SizedExec;
 use super::workload::Workload;
-use super::{lc_error, TierError};
+use super::{lc_error, lsm, TierError};
 use crate::context::Context;
 
 #[derive(Default)]
@@ -46,9 +47,12 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, TierError
             status: super::status_str(container.status()),
         });
     }
+    if let Some(path) = &opts.process {
+        lsm::check_process(&read_process(path)?, lsm::selinux_enabled())?;
+    }
     let seccomp = container_seccomp(&container.bundle().join("config.json"))?;
     let builder = ContainerBuilder::new(id.to_string(), SyscallType::default())
-        .with_executor(Workload { seccomp })
+        .with_executor(SizedExec(Workload { seccomp }))
         .with_root_path(&ctx.root)
         .map_err(lc_error)?
         .with_pid_file(opts.pid_file.as_ref())
@@ -72,6 +76,15 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, TierError
         .with_ignore_paused(opts.ignore_paused)
         .with_sub_cgroup(opts.sub_cgroup);
     tenant.build().map_err(lc_error)
+}
+
+fn read_process(path: &std::path::Path) -> Result<Process, TierError> {
+    let err = |message: String| TierError::ProcessFile {
+        path: path.to_path_buf(),
+        message,
+    };
+    let text = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    serde_json::from_slice(&text).map_err(|e| err(e.to_string()))
 }
 
 /// The seccomp profile the container was created with.

@@ -5,7 +5,10 @@
 //! create time); this module adds what runc users rely on and libcontainer
 //! does differently: exact runc state output, pid-reuse detection, `kill`
 //! that does not change state, `delete` that only warns on poststop hook
-//! failures, foreground `run`/`exec` with signal forwarding and a real pty.
+//! failures, foreground `run`/`exec` with signal forwarding and a real pty,
+//! and what libcontainer 0.7 leaves out: mount flags and propagation
+//! (`fixup`), `consoleSize` (`console`), a missing cwd (`cwd`), refusing
+//! SELinux labels it cannot apply (`lsm`), multi-range id maps (`idmap`).
 
 use std::path::{Path, PathBuf};
 
@@ -17,10 +20,16 @@ use serde::Serialize;
 use crate::context::Context;
 use crate::state::{self, Record};
 
+pub mod console;
 pub mod create;
+pub mod cwd;
 pub mod delete;
 pub mod exec;
+pub mod fixup;
 pub mod foreground;
+pub mod idmap;
+pub mod lsm;
+mod sys;
 pub mod tty;
 pub mod workload;
 
@@ -34,6 +43,18 @@ pub enum TierError {
     NotRunning { id: String, status: &'static str },
     #[error("cgroup of container {id}: {message}")]
     Cgroup { id: String, message: String },
+    #[error(transparent)]
+    Lsm(#[from] lsm::LsmError),
+    #[error(transparent)]
+    Cwd(#[from] cwd::CwdError),
+    #[error(transparent)]
+    IdMap(#[from] idmap::IdMapError),
+    #[error(transparent)]
+    Fixup(#[from] fixup::FixupError),
+    #[error(transparent)]
+    Console(#[from] console::ConsoleError),
+    #[error("cannot read process file {path}: {message}")]
+    ProcessFile { path: PathBuf, message: String },
 }
 
 /// libcontainer's errors carry their cause chain as sources; flatten it into

@@ -1,0 +1,39 @@
+//! `agentvm check`: what this host can run, and why not.
+
+use clap::Args;
+
+use crate::cli::GlobalOpts;
+use crate::config::Config;
+use crate::microvm::host::{detect_accel, Host};
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {}
+
+pub fn run(global: &GlobalOpts, _args: &CheckArgs) -> anyhow::Result<u8> {
+    let config = Config::load(global.config.as_deref())?;
+    let (accel, why) = detect_accel();
+    let mut text = String::new();
+    text.push_str("container tier: available (namespaces, cgroups, seccomp, capabilities)\n");
+    let ok = match Host::probe(&config) {
+        Ok(h) => {
+            text.push_str(&format!(
+                "microvm tier: available with qemu ({}: {})\n  kernel: {}\n  qemu: {}\n  virtiofsd: {}\n",
+                h.accel.as_str(),
+                h.accel_reason,
+                h.kernel.display(),
+                h.qemu.display(),
+                h.virtiofsd.display()
+            ));
+            true
+        }
+        Err(e) => {
+            text.push_str(&format!(
+                "microvm tier: not available: {e}\n  accelerator would be {} ({why})\n",
+                accel.as_str()
+            ));
+            false
+        }
+    };
+    super::emit(&text)?;
+    Ok(if ok { 0 } else { 1 })
+}

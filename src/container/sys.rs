@@ -1,0 +1,239 @@
+//! Thin wrappers over the Linux system calls the container tier's own
+//! fix-ups need and that neither `nix` 0.29 nor `std` expose: `openat2`
+//! (path resolution confined to a directory) and `mount_setattr` (mount
+//! flags and propagation on one mount or a whole subtree).
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// `struct open_how` (linux/openat2.h); libc's is `non_exhaustive`.
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// `struct mount_attr` (linux/mount.h), version 0 (32 bytes).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+// Kernel ABI constants from linux/mount.h.
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+/// Resolution confined to the directory fd as if it were `/`: `..` stops at
+/// it and absolute symlinks restart from it.
+pub const RESOLVE_IN_ROOT: u64 = libc::RESOLVE_IN_ROOT;
+/// Resolution that fails (EXDEV) instead of leaving the directory fd.
+pub const RESOLVE_BENEATH: u64 = libc::RESOLVE_BENEATH;
+pub const RESOLVE_NO_MAGICLINKS: u64 = libc::RESOLVE_NO_MAGICLINKS;
+pub const RESOLVE_NO_SYMLINKS: u64 = libc::RESOLVE_NO_SYMLINKS;
+
+fn cstring(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// `openat2(dirfd, path, {flags | O_CLOEXEC, resolve})`.
+pub fn openat2(
+    dirfd: BorrowedFd<'_>,
+    path: &Path,
+    flags: i32,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
+    let c = cstring(path)?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve,
+    };
+    // SAFETY: `c` is a NUL-terminated string and `how` a properly laid out
+    // open_how that both outlive the call; the kernel reads them only.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dirfd.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: openat2 returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Opens a directory (O_PATH) outside any confinement.
+pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
+    let c = cstring(path)?;
+    // SAFETY: `c` is NUL-terminated and outlives the call.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: open returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `mkdirat(dirfd, name, mode)`; `name` must be a single component.
+pub fn mkdirat(dirfd: BorrowedFd<'_>, name: &Path, mode: u32) -> io::Result<()> {
+    let c = cstring(name)?;
+    // SAFETY: `c` is NUL-terminated and outlives the call.
+    let rc = unsafe { libc::mkdirat(dirfd.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `fchownat(fd, "", uid, gid, AT_EMPTY_PATH)`: chown what `fd` refers to.
+pub fn fchown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: the empty string literal is NUL-terminated and static.
+    let rc = unsafe {
+        libc::fchownat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            uid,
+            gid,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sets mount attributes and/or propagation on the mount `fd` is the root
+/// of (EINVAL when it is not the root of a mount), or on its whole subtree
+/// when `recursive`. `propagation` is 0 or one of MS_PRIVATE, MS_SHARED,
+/// MS_SLAVE, MS_UNBINDABLE. Attributes are only ever added here.
+pub fn mount_setattr(
+    fd: BorrowedFd<'_>,
+    attr_set: u64,
+    propagation: u64,
+    recursive: bool,
+) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation,
+        userns_fd: 0,
+    };
+    let mut flags = libc::AT_EMPTY_PATH;
+    if recursive {
+        flags |= libc::AT_RECURSIVE;
+    }
+    // SAFETY: the path is a static NUL-terminated empty string and `attr` a
+    // properly laid out mount_attr that outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            flags as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `setns(fd, CLONE_NEWNS)` for the calling thread, after giving the thread
+/// its own filesystem context (a thread sharing it cannot switch mount
+/// namespaces). Only for a dedicated thread that exits afterwards.
+pub fn enter_mount_namespace(ns: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: unshare(CLONE_FS) takes no pointers and affects only the
+    // calling thread's fs context.
+    if unsafe { libc::unshare(libc::CLONE_FS) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: setns takes a descriptor we borrow for the call only.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// TIOCSWINSZ on a terminal descriptor.
+pub fn set_winsize(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from the struct we pass.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    #[test]
+    fn openat2_in_root_clamps_dotdot_and_absolute_symlinks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("abs")).unwrap();
+        let rootfd = open_dir_path(&root).unwrap();
+        // `..` at the root stays at the root.
+        let fd = openat2(
+            rootfd.as_fd(),
+            Path::new("../../etc"),
+            libc::O_PATH,
+            RESOLVE_IN_ROOT,
+        )
+        .unwrap();
+        let a = nix::sys::stat::fstat(fd.as_raw_fd()).unwrap();
+        let b = nix::sys::stat::stat(&root.join("etc")).unwrap();
+        assert_eq!((a.st_dev, a.st_ino), (b.st_dev, b.st_ino));
+        // An absolute symlink resolves inside the root.
+        let fd = openat2(
+            rootfd.as_fd(),
+            Path::new("abs"),
+            libc::O_PATH,
+            RESOLVE_IN_ROOT,
+        )
+        .unwrap();
+        let a = nix::sys::stat::fstat(fd.as_raw_fd()).unwrap();
+        assert_eq!((a.st_dev, a.st_ino), (b.st_dev, b.st_ino));
+        // RESOLVE_BENEATH refuses to leave instead.
+        let err = openat2(
+            rootfd.as_fd(),
+            Path::new("abs"),
+            libc::O_PATH,
+            RESOLVE_BENEATH,
+        )
+        .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EXDEV));
+    }
+}

@@ -1,0 +1,383 @@
+//! The host's requests, served by the container tier inside the VM.
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use libcontainer::container::ContainerStatus;
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use oci_spec::runtime::Process;
+
+use super::agent::Agent;
+use super::stream::{pipes, ParentStdio, Stream};
+use super::sys::{SigchldUnblocked, StdioSwap};
+use super::{AGENT_DIR, BUNDLE_DIR, CONTAINER_ID, GUEST_CGROUP};
+use crate::bundle::{Bundle, BundleError};
+use crate::container::create::CreateOptions;
+use crate::container::exec::ExecOptions;
+use crate::container::tty::{ConsoleSocket, TtyError};
+use crate::container::{lc_error, status_str, TierError};
+use crate::microvm::protocol::{GuestStats, HostMessage, Reply, INIT_STREAM};
+
+/// A request that failed; its text is the Reply::Error message, worded as
+/// runc would word it where runc has an equivalent.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error(transparent)]
+    Tier(#[from] TierError),
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    #[error(transparent)]
+    Tty(#[from] TtyError),
+    #[error("{0}")]
+    Refused(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Sys { what: String, source: Errno },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RequestError {
+    let what = what.into();
+    move |source| RequestError::Io { what, source }
+}
+
+fn sys(what: impl Into<String>) -> impl FnOnce(Errno) -> RequestError {
+    let what = what.into();
+    move |source| RequestError::Sys { what, source }
+}
+
+/// How a new process's stdio reaches the agent.
+enum Stdio {
+    Pipes(ParentStdio),
+    /// The pty master arrives on this socket.
+    Pty(ConsoleSocket),
+}
+
+impl Agent {
+    /// Serves one request (all but Shutdown, which the loop handles).
+    pub(super) fn handle(&mut self, msg: HostMessage) -> Reply {
+        let result = match msg {
+            HostMessage::Create { spec } => self.create(spec),
+            HostMessage::Start => self.start(),
+            HostMessage::Exec { id, process } => self.exec(id, process),
+            HostMessage::Signal { id, signal, all } => self.signal(id, signal, all),
+            HostMessage::Resize { id, rows, cols } => self.resize(id, rows, cols),
+            HostMessage::Ps => self.ps(),
+            HostMessage::Stats => self.stats(),
+            HostMessage::Shutdown => Ok(Reply::Ok),
+        };
+        result.unwrap_or_else(|e| Reply::Error {
+            message: e.to_string(),
+        })
+    }
+
+    fn create(&mut self, spec: serde_json::Value) -> Result<Reply, RequestError> {
+        if self.streams.contains_key(&INIT_STREAM) || self.ctx.container_dir(CONTAINER_ID).exists()
+        {
+            return Err(RequestError::Refused(format!(
+                "container with id {CONTAINER_ID} already exists"
+            )));
+        }
+        if let Some(e) = &self.share_error {
+            return Err(RequestError::Refused(e.clone()));
+        }
+        let spec = guest_spec(spec)?;
+        let bundle_dir = Path::new(BUNDLE_DIR);
+        std::fs::create_dir_all(bundle_dir).map_err(io(format!("cannot create {BUNDLE_DIR}")))?;
+        let config = bundle_dir.join("config.json");
+        std::fs::write(&config, spec.to_string())
+            .map_err(io(format!("cannot write {}", config.display())))?;
+        let bundle = Bundle::load(bundle_dir)?;
+        let terminal = bundle
+            .spec
+            .process()
+            .as_ref()
+            .and_then(|p| p.terminal())
+            .unwrap_or(false);
+        let mut opts = CreateOptions {
+            detached: true,
+            ..Default::default()
+        };
+        let stdio = if terminal {
+            let socket = ConsoleSocket::bind(Path::new(AGENT_DIR), "init")?;
+            opts.console_socket = Some(socket.path().to_path_buf());
+            Stdio::Pty(socket)
+        } else {
+            let (child, parent) = pipes().map_err(sys("cannot create stdio pipes"))?;
+            opts.stdin = Some(child.stdin);
+            opts.stdout = Some(child.stdout);
+            opts.stderr = Some(child.stderr);
+            Stdio::Pipes(parent)
+        };
+        let container = {
+            let _unblocked = SigchldUnblocked::new().map_err(sys("cannot unblock SIGCHLD"))?;
+            crate::container::create::create(&self.ctx, CONTAINER_ID, &bundle, opts)?
+        };
+        let pid = container.pid().ok_or_else(|| {
+            RequestError::Refused("the container was created without a process".into())
+        })?;
+        let stream = new_stream(pid, stdio)?;
+        self.streams.insert(INIT_STREAM, stream);
+        Ok(Reply::Created { pid: pid.as_raw() })
+    }
+
+    fn start(&mut self) -> Result<Reply, RequestError> {
+        let mut container = crate::container::load(&self.ctx, CONTAINER_ID)?;
+        match container.status() {
+            ContainerStatus::Created => {}
+            ContainerStatus::Stopped => {
+                return Err(RequestError::Refused(
+                    "cannot start a container that has stopped".into(),
+                ))
+            }
+            other => {
+                return Err(RequestError::Refused(format!(
+                    "cannot start container {CONTAINER_ID} in status {}: only a created container can be started",
+                    status_str(other)
+                )))
+            }
+        }
+        container.start().map_err(lc_error)?;
+        Ok(Reply::Ok)
+    }
+
+    fn exec(&mut self, id: u32, process: serde_json::Value) -> Result<Reply, RequestError> {
+        if id == INIT_STREAM {
+            return Err(RequestError::Refused(
+                "exec stream ids start at 1 (0 is the container's init)".into(),
+            ));
+        }
+        if self.streams.contains_key(&id) {
+            return Err(RequestError::Refused(format!(
+                "exec stream {id} is still in use"
+            )));
+        }
+        let parsed: Process = serde_json::from_value(process.clone())
+            .map_err(|e| RequestError::Refused(format!("invalid process for exec {id}: {e}")))?;
+        if parsed.args().as_ref().is_none_or(|a| a.is_empty()) {
+            return Err(RequestError::Refused(format!(
+                "invalid process for exec {id}: args must not be empty"
+            )));
+        }
+        let path = PathBuf::from(format!("{AGENT_DIR}/exec-{id}.json"));
+        std::fs::write(&path, process.to_string())
+            .map_err(io(format!("cannot write {}", path.display())))?;
+        let result = self.exec_process(id, &path, parsed.terminal().unwrap_or(false));
+        let _ = std::fs::remove_file(&path);
+        result
+    }
+
+    fn exec_process(
+        &mut self,
+        id: u32,
+        path: &Path,
+        terminal: bool,
+    ) -> Result<Reply, RequestError> {
+        let mut opts = ExecOptions {
+            process: Some(path.to_path_buf()),
+            detach: true,
+            ..Default::default()
+        };
+        let (pid, stdio) = if terminal {
+            let socket = ConsoleSocket::bind(Path::new(AGENT_DIR), &format!("exec-{id}"))?;
+            opts.console_socket = Some(socket.path().to_path_buf());
+            let _unblocked = SigchldUnblocked::new().map_err(sys("cannot unblock SIGCHLD"))?;
+            let pid = crate::container::exec::exec(&self.ctx, CONTAINER_ID, opts)?;
+            (pid, Stdio::Pty(socket))
+        } else {
+            let (child, parent) = pipes().map_err(sys("cannot create stdio pipes"))?;
+            let pid = {
+                let _swap = StdioSwap::new(
+                    child.stdin.as_fd(),
+                    child.stdout.as_fd(),
+                    child.stderr.as_fd(),
+                )
+                .map_err(sys("cannot hand stdio pipes to the process"))?;
+                let _unblocked = SigchldUnblocked::new().map_err(sys("cannot unblock SIGCHLD"))?;
+                crate::container::exec::exec(&self.ctx, CONTAINER_ID, opts)?
+            };
+            // Our copies of the process's ends go now, or EOF never comes.
+            drop(child);
+            (pid, Stdio::Pipes(parent))
+        };
+        let stream = new_stream(pid, stdio)?;
+        self.streams.insert(id, stream);
+        Ok(Reply::Started { pid: pid.as_raw() })
+    }
+
+    fn signal(&mut self, id: u32, signal: i32, all: bool) -> Result<Reply, RequestError> {
+        let sig = match signal {
+            0 => None,
+            n => Some(
+                Signal::try_from(n)
+                    .map_err(|_| RequestError::Refused(format!("invalid signal {n}")))?,
+            ),
+        };
+        if all {
+            let container = crate::container::load(&self.ctx, CONTAINER_ID)?;
+            for pid in crate::container::pids(&container)? {
+                match kill(pid, sig) {
+                    Ok(()) | Err(Errno::ESRCH) => {}
+                    Err(e) => return Err(sys(format!("cannot signal process {pid}"))(e)),
+                }
+            }
+            return Ok(Reply::Ok);
+        }
+        let Some(stream) = self.streams.get(&id).filter(|s| s.running()) else {
+            return Err(RequestError::Refused(if id == INIT_STREAM {
+                "container not running".to_string()
+            } else {
+                format!("exec process {id} is not running")
+            }));
+        };
+        kill(stream.pid, sig).map_err(sys(format!("cannot signal process {}", stream.pid)))?;
+        Ok(Reply::Ok)
+    }
+
+    fn resize(&mut self, id: u32, rows: u16, cols: u16) -> Result<Reply, RequestError> {
+        let stream = self
+            .streams
+            .get(&id)
+            .ok_or_else(|| RequestError::Refused(format!("no process with stream id {id}")))?;
+        stream
+            .resize(rows, cols)
+            .map_err(|e| RequestError::Refused(format!("stream {id}: {e}")))?;
+        Ok(Reply::Ok)
+    }
+
+    fn ps(&mut self) -> Result<Reply, RequestError> {
+        let container = crate::container::load(&self.ctx, CONTAINER_ID)?;
+        let pids = crate::container::pids(&container)?;
+        Ok(Reply::Pids {
+            pids: pids.into_iter().map(|p| p.as_raw()).collect(),
+        })
+    }
+
+    fn stats(&mut self) -> Result<Reply, RequestError> {
+        let meminfo =
+            std::fs::read_to_string("/proc/meminfo").map_err(io("cannot read /proc/meminfo"))?;
+        let mut stats = GuestStats {
+            memory_total_bytes: meminfo_bytes(&meminfo, "MemTotal").unwrap_or(0),
+            memory_available_bytes: meminfo_bytes(&meminfo, "MemAvailable").unwrap_or(0),
+            ..Default::default()
+        };
+        if self.ctx.container_dir(CONTAINER_ID).exists() {
+            let container = crate::container::load(&self.ctx, CONTAINER_ID)?;
+            let rel = crate::container::cgroup_path(&container)?;
+            let dir = Path::new("/sys/fs/cgroup").join(rel.strip_prefix("/").unwrap_or(&rel));
+            let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+            stats.memory_usage_bytes = read("memory.current").trim().parse().unwrap_or(0);
+            stats.cpu_usage_ns = cpu_usage_usec(&read("cpu.stat"))
+                .unwrap_or(0)
+                .saturating_mul(1000);
+            stats.pids = read("pids.current").trim().parse().unwrap_or(0);
+        }
+        Ok(Reply::Stats { stats })
+    }
+}
+
+fn new_stream(pid: nix::unistd::Pid, stdio: Stdio) -> Result<Stream, RequestError> {
+    match stdio {
+        Stdio::Pipes(parent) => Ok(Stream::with_pipes(pid, parent)),
+        Stdio::Pty(socket) => {
+            let master = socket.receive_master()?;
+            Stream::with_pty(pid, master).map_err(io("cannot set up the pty master"))
+        }
+    }
+}
+
+/// The spec as the guest runs it. The host already rewrote paths onto the
+/// share; here only the cgroup path changes when it has no meaning in the
+/// VM: a systemd-style `slice:prefix:name` (there is no systemd in the
+/// guest) or a relative path becomes [`GUEST_CGROUP`].
+pub fn guest_spec(mut spec: serde_json::Value) -> Result<serde_json::Value, RequestError> {
+    let Some(obj) = spec.as_object_mut() else {
+        return Err(RequestError::Refused(
+            "the container spec is not a JSON object".into(),
+        ));
+    };
+    let linux = obj.entry("linux").or_insert_with(|| serde_json::json!({}));
+    let Some(linux) = linux.as_object_mut() else {
+        return Err(RequestError::Refused(
+            "the container spec's \"linux\" is not an object".into(),
+        ));
+    };
+    let keep = linux
+        .get("cgroupsPath")
+        .and_then(|p| p.as_str())
+        .is_some_and(|p| p.starts_with('/') && !p.contains(':'));
+    if !keep {
+        linux.insert("cgroupsPath".into(), GUEST_CGROUP.into());
+    }
+    Ok(spec)
+}
+
+/// A `/proc/meminfo` field in bytes.
+pub fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
+    meminfo.lines().find_map(|line| {
+        let rest = line.strip_prefix(field)?.strip_prefix(':')?;
+        let mut words = rest.split_whitespace();
+        let n: u64 = words.next()?.parse().ok()?;
+        match words.next() {
+            Some("kB") => n.checked_mul(1024),
+            None => Some(n),
+            Some(_) => None,
+        }
+    })
+}
+
+/// `usage_usec` of a cgroup v2 `cpu.stat`.
+pub fn cpu_usage_usec(cpu_stat: &str) -> Option<u64> {
+    cpu_stat.lines().find_map(|line| {
+        let (key, value) = line.split_once(' ')?;
+        (key == "usage_usec").then(|| value.trim().parse().ok())?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_paths_without_meaning_in_the_guest_are_replaced() {
+        let cases = [
+            (serde_json::json!({}), GUEST_CGROUP),
+            (
+                serde_json::json!({"linux": {"cgroupsPath": "system.slice:docker:abc"}}),
+                GUEST_CGROUP,
+            ),
+            (
+                serde_json::json!({"linux": {"cgroupsPath": "relative/path"}}),
+                GUEST_CGROUP,
+            ),
+            (
+                serde_json::json!({"linux": {"cgroupsPath": "/docker/abc"}}),
+                "/docker/abc",
+            ),
+        ];
+        for (spec, want) in cases {
+            let out = guest_spec(spec).unwrap();
+            assert_eq!(out["linux"]["cgroupsPath"], want);
+        }
+        assert!(guest_spec(serde_json::json!([1])).is_err());
+        assert!(guest_spec(serde_json::json!({"linux": 3})).is_err());
+    }
+
+    #[test]
+    fn meminfo_and_cpu_stat_parse() {
+        let meminfo = "MemTotal:         499996 kB\nMemFree:          4000 kB\nMemAvailable:     400000 kB\nHugePages_Total:       0\n";
+        assert_eq!(meminfo_bytes(meminfo, "MemTotal"), Some(499996 * 1024));
+        assert_eq!(meminfo_bytes(meminfo, "MemAvailable"), Some(400000 * 1024));
+        assert_eq!(meminfo_bytes(meminfo, "HugePages_Total"), Some(0));
+        assert_eq!(meminfo_bytes(meminfo, "Mem"), None);
+        assert_eq!(meminfo_bytes("MemTotal: x kB", "MemTotal"), None);
+        let stat = "usage_usec 12345\nuser_usec 10000\nsystem_usec 2345\n";
+        assert_eq!(cpu_usage_usec(stat), Some(12345));
+        assert_eq!(cpu_usage_usec("user_usec 1\n"), None);
+        assert_eq!(cpu_usage_usec("usage_usec nope\n"), None);
+    }
+}
