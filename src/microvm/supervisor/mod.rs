@@ -81,6 +81,10 @@ impl Sync {
 /// Entry point of `agentvm supervise`. Never returns normally: it exits
 /// with the workload's status.
 pub fn run(args: Args) -> ! {
+    // The VMM and file server must not inherit the sync pipe, or `create`
+    // would never see it close.
+    // SAFETY: fcntl on a descriptor number; no memory is passed.
+    unsafe { libc::fcntl(SYNC_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
     // SAFETY: `create` passes the write end of its sync pipe as SYNC_FD and
     // nothing else in this process uses that descriptor.
     let mut sync = Sync(Some(File::from(unsafe { OwnedFd::from_raw_fd(SYNC_FD) })));
