@@ -140,18 +140,36 @@ impl Record {
             .map_err(|source| StateError::Corrupt { path, source })
     }
 
-    /// Writes atomically (temp file + rename) so readers never see half a file.
     pub fn save(&self, root: &Path, id: &str) -> Result<(), StateError> {
-        let dir = root.join(id);
-        let path = dir.join(RECORD_FILE);
-        let tmp = dir.join(format!(".{RECORD_FILE}.tmp"));
-        let data = serde_json::to_vec(self).map_err(|source| StateError::Corrupt {
-            path: path.clone(),
+        write_json_atomic(&root.join(id).join(RECORD_FILE), self)
+    }
+}
+
+/// Writes `value` as JSON to `path` atomically (a temp file of this
+/// process beside it, then rename), so readers never see half a file.
+pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), StateError> {
+    let data = serde_json::to_vec(value).map_err(|source| StateError::Corrupt {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.{}", std::process::id()));
+    std::fs::write(&tmp, data)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|source| StateError::Write {
+            path: path.to_path_buf(),
             source,
-        })?;
-        std::fs::write(&tmp, data)
-            .and_then(|_| std::fs::rename(&tmp, &path))
-            .map_err(|source| StateError::Write { path, source })
+        })
+}
+
+/// True when `pid` no longer runs: absent, a zombie, or dead.
+pub fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rfind(')')
+            .and_then(|i| s[i + 1..].split_whitespace().next())
+            .is_none_or(|st| st == "Z" || st == "X"),
+        Err(_) => true,
     }
 }
 

@@ -83,7 +83,7 @@ fn kill_everything(container: &Container) -> Result<(), TierError> {
         let remaining = pids(container).unwrap_or_default();
         let alive: Vec<_> = remaining
             .into_iter()
-            .filter(|p| !is_zombie(p.as_raw()))
+            .filter(|p| !crate::state::process_gone(p.as_raw()))
             .collect();
         if alive.is_empty() {
             return Ok(());
@@ -97,16 +97,6 @@ fn kill_everything(container: &Container) -> Result<(), TierError> {
             ));
         }
         std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn is_zombie(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s
-            .rfind(')')
-            .and_then(|i| s[i + 1..].split_whitespace().next())
-            .is_none_or(|st| st == "Z" || st == "X"),
-        Err(_) => true,
     }
 }
 

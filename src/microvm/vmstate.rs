@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::{process_start_time, StateError};
+use crate::state::{process_gone, process_start_time, write_json_atomic, StateError};
 
 pub const STATE_FILE: &str = "microvm.json";
 pub const SUPERVISOR_SOCKET: &str = "supervisor.sock";
@@ -56,23 +56,14 @@ impl VmState {
         serde_json::from_slice(&text).map_err(|source| StateError::Corrupt { path, source })
     }
 
-    /// Atomic write: readers never see a partial file.
     pub fn save(&self, dir: &Path) -> Result<(), StateError> {
-        let path = Self::path(dir);
-        let tmp = dir.join(format!(".{STATE_FILE}.{}", std::process::id()));
-        let data = serde_json::to_vec(self).map_err(|source| StateError::Corrupt {
-            path: path.clone(),
-            source,
-        })?;
-        std::fs::write(&tmp, data)
-            .and_then(|_| std::fs::rename(&tmp, &path))
-            .map_err(|source| StateError::Write { path, source })
+        write_json_atomic(&Self::path(dir), self)
     }
 
     /// Whether the supervisor recorded here is still that process.
     pub fn supervisor_alive(&self) -> bool {
         match (self.supervisor_pid, self.supervisor_start_time) {
-            (Some(pid), Some(t)) => process_start_time(pid) == Some(t) && !is_zombie(pid),
+            (Some(pid), Some(t)) => process_start_time(pid) == Some(t) && !process_gone(pid),
             _ => false,
         }
     }
@@ -88,14 +79,4 @@ impl VmState {
             s => s,
         }
     }
-}
-
-fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rfind(')')
-                .and_then(|i| s[i + 1..].split_whitespace().next().map(|st| st == "Z"))
-        })
-        .unwrap_or(true)
 }
