@@ -109,6 +109,9 @@ pub struct Booted {
     pub guest: UnixStream,
     pub terminal: Option<tty::HostPty>,
     pub state: VmState,
+    /// The CLI socket, bound before `create` is told the container exists,
+    /// so a `start` right after `create` finds it.
+    pub cli: UnixListener,
 }
 
 fn boot(args: &Args) -> Result<Booted, SupervisorError> {
@@ -218,6 +221,18 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             return Err(SupervisorError::Guest(e));
         }
     }
+    let cli_path = dir.join(super::vmstate::SUPERVISOR_SOCKET);
+    let _ = std::fs::remove_file(&cli_path);
+    let cli = match UnixListener::bind(&cli_path) {
+        Ok(l) => l,
+        Err(e) => {
+            vm.kill();
+            return Err(SupervisorError::Other(format!(
+                "cannot listen on {}: {e}",
+                cli_path.display()
+            )));
+        }
+    };
     state.status = Status::Created;
     state.save(dir)?;
     Ok(Booted {
@@ -225,6 +240,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         guest,
         terminal: host_pty,
         state,
+        cli,
     })
 }
 

@@ -17,7 +17,7 @@ use crate::microvm::client::{ExecControl, ExecEvent, SupervisorRequest};
 use crate::microvm::protocol::{
     Frame, GuestMessage, HostMessage, Kind, Reply, INIT_STREAM, MAX_PAYLOAD,
 };
-use crate::microvm::vmstate::{Status, VmState, SUPERVISOR_SOCKET};
+use crate::microvm::vmstate::{Status, VmState};
 
 /// How long a request to the guest may take before the guest is declared
 /// unresponsive.
@@ -145,6 +145,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         guest,
         terminal,
         mut state,
+        cli,
     } = booted;
     let (events_tx, events) = mpsc::channel();
     let writer = match guest.try_clone() {
@@ -178,11 +179,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         shared.clone(),
         terminal.as_ref().and_then(|t| t.reader().ok()),
     );
-    if let Err(e) = spawn_cli(shared.clone()) {
-        tracing::error!("cannot serve {SUPERVISOR_SOCKET}: {e}");
-        vm.kill();
-        return VM_LOST_STATUS;
-    }
+    spawn_cli(shared.clone(), cli);
     spawn_signals(events_tx);
 
     let status = wait_for_end(&shared, &events, &mut vm, terminal.as_ref());
@@ -373,17 +370,13 @@ fn spawn_signals(events: Sender<Event>) {
 }
 
 /// Serves `agentvm start/kill/ps/exec` on the supervisor socket.
-fn spawn_cli(shared: Arc<Shared>) -> std::io::Result<()> {
-    let path = shared.dir.join(SUPERVISOR_SOCKET);
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)?;
+fn spawn_cli(shared: Arc<Shared>, listener: UnixListener) {
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
             let s = shared.clone();
             std::thread::spawn(move || handle_cli(s, conn));
         }
     });
-    Ok(())
 }
 
 fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
