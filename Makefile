@@ -10,7 +10,7 @@ CARGO_PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
 export AGENTVM_COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
-.PHONY: all build deps kernel virtiofsd install demo test lint unit-test integration-test conformance bench clean
+.PHONY: all build deps kernel kernel-test virtiofsd install demo test lint unit-test integration-test conformance bench clean
 
 KERNEL_DEST := $(DESTDIR)$(PREFIX)/share/agentvm/vmlinux
 
@@ -49,7 +49,12 @@ integration-test: build
 conformance: build
 	PROFILE=$(PROFILE) tests/oci-validation/run.sh
 
-test: deps lint unit-test integration-test conformance
+# The guest kernel's own smoke boot (exit 77 = cannot run here: skipped).
+kernel-test: kernel
+	@kernels/smoke-boot.sh; rc=$$?; \
+	if [ $$rc -eq 77 ]; then echo "kernel-test: skipped"; elif [ $$rc -ne 0 ]; then exit $$rc; fi
+
+test: deps lint unit-test kernel virtiofsd kernel-test integration-test conformance
 
 bench: deps
 	$(CARGO) bench --locked -p agentvm --bench compare

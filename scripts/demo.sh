@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The README's first command ends here: build a tiny busybox bundle and run
-# a container in it with agentvm, showing which kernel it runs on.
+# a container in it with agentvm in a microVM (the default tier), showing the
+# guest's own kernel, then the same bundle in the container tier, which
+# shares the host's kernel.
 set -euo pipefail
 bin=${1:-/usr/local/bin/agentvm}
 work=$(mktemp -d /tmp/agentvm-demo.XXXXXX)
@@ -18,4 +20,7 @@ jq '.process.terminal = false
   config.json >config.json.new && mv config.json.new config.json
 
 echo "host kernel: $(uname -r)"
+echo "--- agentvm run (microvm: its own kernel, booted for this container)"
+"$bin" run "agentvm-demo-$$"
+echo "--- agentvm --isolation=container run (namespaces on the host kernel)"
 "$bin" --isolation=container run "agentvm-demo-$$"

@@ -3,6 +3,9 @@
 //! Precedence: `--isolation` flag > the container's `io.agentvm.isolation`
 //! annotation > the config file > the default, `microvm`. A tier that cannot
 //! be provided is an error; a weaker tier is never substituted silently.
+//!
+//! The file's keys are the fields of [`Config`] and, under `[microvm]`,
+//! [`MicrovmConfig`] (README.md, "Configuration", shows them all).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -113,6 +116,11 @@ pub struct MicrovmConfig {
     pub default_vcpus: Option<u32>,
     /// Seconds to wait for the guest to boot before giving up.
     pub boot_timeout_secs: Option<u64>,
+    /// A static binary to boot as the guest's `/init` instead of agentvm
+    /// itself (which is the guest agent when unset). For debugging a guest
+    /// agent and for testing how the host copes with a misbehaving one; the
+    /// binary must speak the control protocol of `src/microvm/protocol.rs`.
+    pub guest_agent: Option<PathBuf>,
 }
 
 impl Config {
@@ -205,6 +213,13 @@ mod tests {
         assert_eq!(c.microvm.kernel, Some(PathBuf::from("/k")));
         assert!(Config::parse("isolaton = \"container\"").is_err());
         assert!(Config::parse("isolation = \"vm\"").is_err());
+    }
+
+    #[test]
+    fn guest_agent_is_a_microvm_setting() {
+        let c = Config::parse("[microvm]\nguest_agent = \"/opt/agent\"\n").unwrap();
+        assert_eq!(c.microvm.guest_agent, Some(PathBuf::from("/opt/agent")));
+        assert!(Config::parse("guest_agent = \"/opt/agent\"\n").is_err());
     }
 
     #[test]

@@ -15,19 +15,9 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::cgroup::Resource;
-use common::docker::{docker, Docker};
+use common::docker::docker;
 use common::pty::PtySession;
 use common::{cmd, rootfs, wait_for};
-
-/// `docker run -it --rm ... sh` (or `exec -it`) on a 40x100 pty, waiting
-/// for the shell prompt.
-fn interactive(d: &Docker, args: &[&str]) -> PtySession {
-    let mut cmd = d.cmd();
-    cmd.args(args);
-    let mut session = PtySession::spawn(cmd, 40, 100);
-    session.expect("# ", 60);
-    session
-}
 
 #[test]
 fn run_rm_echo() {
@@ -57,10 +47,7 @@ fn exit_code_is_propagated() {
 fn run_interactive_tty() {
     let d = require!(docker());
     let rt = d.runtime.docker_name();
-    let mut s = interactive(
-        d,
-        &["run", "-it", "--rm", "--runtime", rt, rootfs::IMAGE, "sh"],
-    );
+    let mut s = d.interactive(&["run", "-it", "--rm", "--runtime", rt, rootfs::IMAGE, "sh"]);
     s.send("tty; stty size; echo typed-$((6*7))\r");
     s.expect("typed-42", 30);
     let out = s.output();
@@ -126,7 +113,7 @@ fn exec_runs_inside_the_container() {
 fn exec_interactive_tty() {
     let d = require!(docker());
     let c = d.start("exec-it", &[], &["sleep", "300"]);
-    let mut s = interactive(d, &["exec", "-it", &c.name, "sh"]);
+    let mut s = d.interactive(&["exec", "-it", &c.name, "sh"]);
     s.send("tty; echo typed-$((6*7)); tr '\\0' ' ' < /proc/1/cmdline; echo\r");
     s.expect("typed-42", 30);
     s.expect("sleep 300", 10);

@@ -11,6 +11,8 @@
 //! AGENTVM_TEST_APPEND adds kernel command-line words (`loglevel=7`).
 
 #[allow(dead_code)]
+mod common;
+#[allow(dead_code)]
 #[path = "../src/microvm/protocol.rs"]
 mod protocol;
 #[path = "guest_agent/vm.rs"]

@@ -24,6 +24,9 @@ pub fn run(global: &GlobalOpts, _args: &CheckArgs) -> anyhow::Result<u8> {
                 h.qemu.display(),
                 h.virtiofsd.display()
             ));
+            if let Some(agent) = &h.guest_agent {
+                text.push_str(&format!("  guest agent: {}\n", agent.display()));
+            }
             true
         }
         Err(e) => {

@@ -129,10 +129,7 @@ pub fn run(ctx: &Context, args: ExecArgs) -> anyhow::Result<u8> {
     crate::bundle::validate_id(&args.id)?;
     let dir = ctx.container_dir(&args.id);
     if crate::state::tier_of(&ctx.root, &args.id)? == crate::config::Isolation::Microvm {
-        anyhow::bail!(
-            "container {}: exec is not implemented for the microvm tier yet",
-            args.id
-        );
+        return run_microvm(ctx, &args);
     }
     if !dir.join("state.json").exists() {
         anyhow::bail!("container {} does not exist", args.id);
@@ -141,14 +138,7 @@ pub fn run(ctx: &Context, args: ExecArgs) -> anyhow::Result<u8> {
     // and written next to the container's state for libcontainer to read.
     let (process_path, process, written) = match &args.process {
         Some(p) => {
-            let path = absolute(p)?;
-            let text = std::fs::read(&path)
-                .with_context(|| format!("cannot read process file {}", path.display()))?;
-            let process: Process = serde_json::from_slice(&text)
-                .with_context(|| format!("invalid process file {}", path.display()))?;
-            if process.args().as_ref().is_none_or(|a| a.is_empty()) {
-                anyhow::bail!("process file {}: args must not be empty", path.display());
-            }
+            let (path, process) = process_from_file(p)?;
             (path, process, false)
         }
         None => {
@@ -165,6 +155,51 @@ pub fn run(ctx: &Context, args: ExecArgs) -> anyhow::Result<u8> {
         let _ = std::fs::remove_file(&process_path);
     }
     result
+}
+
+/// Reads and checks a `--process` file.
+fn process_from_file(p: &Path) -> anyhow::Result<(PathBuf, Process)> {
+    let path = absolute(p)?;
+    let text = std::fs::read(&path)
+        .with_context(|| format!("cannot read process file {}", path.display()))?;
+    let process: Process = serde_json::from_slice(&text)
+        .with_context(|| format!("invalid process file {}", path.display()))?;
+    if process.args().as_ref().is_none_or(|a| a.is_empty()) {
+        anyhow::bail!("process file {}: args must not be empty", path.display());
+    }
+    Ok((path, process))
+}
+
+/// The microvm tier: the process runs in the guest, this command relays.
+fn run_microvm(ctx: &Context, args: &ExecArgs) -> anyhow::Result<u8> {
+    let process = match &args.process {
+        Some(p) => process_from_file(p)?.1,
+        None => {
+            let state = crate::microvm::vmstate::VmState::load(&ctx.container_dir(&args.id))?;
+            process_from_flags(&state.bundle.join("config.json"), args)?
+        }
+    };
+    if args.preserve_fds > 0 {
+        anyhow::bail!("exec --preserve-fds is not supported by the microvm tier: host descriptors cannot cross into the guest");
+    }
+    if args.cgroup.is_some() {
+        anyhow::bail!("exec --cgroup is not supported by the microvm tier");
+    }
+    let console_socket = args.console_socket.as_deref().map(absolute).transpose()?;
+    let pid_file = args.pid_file.as_deref().map(absolute).transpose()?;
+    let status = crate::microvm::exec::exec(
+        ctx,
+        &args.id,
+        crate::microvm::exec::ExecRequest {
+            process: serde_json::to_value(&process)?,
+            console_socket: console_socket.as_deref(),
+            pid_file: pid_file.as_deref(),
+            detach: args.detach,
+            ignore_paused: args.ignore_paused,
+        },
+    )
+    .with_context(|| format!("cannot exec in container {}", args.id))?;
+    Ok(status)
 }
 
 fn run_process(

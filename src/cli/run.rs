@@ -107,8 +107,14 @@ fn run_microvm(ctx: &Context, args: &RunArgs, relay: Option<Relay>) -> anyhow::R
     if args.detach {
         return Ok(0);
     }
-    let state = crate::microvm::state(ctx, &args.id)?;
-    let pid = nix::unistd::Pid::from_raw(state.pid);
+    // The supervisor is our child, so its pid cannot be reused before we
+    // reap it; `state` would say pid 0 once it has exited (a workload or a
+    // guest that ends right after start).
+    let state = crate::microvm::vmstate::VmState::load(&ctx.container_dir(&args.id))?;
+    let pid = state
+        .supervisor_pid
+        .ok_or_else(|| anyhow::anyhow!("container {} has no supervisor", args.id))?;
+    let pid = nix::unistd::Pid::from_raw(pid);
     let code = foreground::wait(pid, relay)?;
     if !args.keep {
         crate::microvm::delete(ctx, &args.id, true)?;

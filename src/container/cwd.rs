@@ -23,14 +23,16 @@ use super::sys;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CwdError {
-    #[error("cannot create process.cwd {cwd}: cannot open {base}: {source}")]
+    #[error("cannot create {what} {cwd}: cannot open {base}: {source}")]
     Base {
+        what: &'static str,
         cwd: PathBuf,
         base: PathBuf,
         source: io::Error,
     },
-    #[error("cannot create process.cwd {cwd}: {at}: {source}")]
+    #[error("cannot create {what} {cwd}: {at}: {source}")]
     Resolve {
+        what: &'static str,
         cwd: PathBuf,
         at: PathBuf,
         source: io::Error,
@@ -74,12 +76,38 @@ pub fn ensure(spec: &Spec, rootfs: &Path) -> Result<(), CwdError> {
     };
     let owner = root_owner(spec);
     make_dirs(
+        "process.cwd",
         cwd,
         &base,
         &rest,
         resolve | sys::RESOLVE_NO_MAGICLINKS,
         owner,
     )
+    .map(drop)
+}
+
+/// Makes the mount point `dest` in the rootfs on the host — a directory, or
+/// an empty file when `file` — resolved as the container will resolve it,
+/// so no symlink or `..` in the image makes us create anything outside it.
+/// For a read-only rootfs, whose mount points must exist before it is
+/// mounted read-only (runc makes them before its final remount).
+pub fn ensure_mount_point(rootfs: &Path, dest: &Path, file: bool) -> Result<(), CwdError> {
+    const WHAT: &str = "mount point";
+    let mut parts = clean(dest);
+    let name = if file { parts.pop() } else { None };
+    let resolve = sys::RESOLVE_IN_ROOT | sys::RESOLVE_NO_MAGICLINKS;
+    let parent = make_dirs(WHAT, dest, rootfs, &parts, resolve, None)?;
+    if let Some(name) = name {
+        sys::create_file_at(parent.as_fd(), Path::new(&name), 0o644).map_err(|source| {
+            CwdError::Resolve {
+                what: WHAT,
+                cwd: dest.to_path_buf(),
+                at: dest.to_path_buf(),
+                source,
+            }
+        })?;
+    }
+    Ok(())
 }
 
 /// Decides where `cwd` lives once the spec's mounts are in place: the last
@@ -153,18 +181,21 @@ fn root_owner(spec: &Spec) -> Option<(u32, u32)> {
 }
 
 fn make_dirs(
+    what: &'static str,
     cwd: &Path,
     base: &Path,
     rest: &[OsString],
     resolve: u64,
     owner: Option<(u32, u32)>,
-) -> Result<(), CwdError> {
+) -> Result<OwnedFd, CwdError> {
     let base_fd = sys::open_dir_path(base).map_err(|source| CwdError::Base {
+        what,
         cwd: cwd.to_path_buf(),
         base: base.to_path_buf(),
         source,
     })?;
     let resolve_err = |upto: usize, source: io::Error| CwdError::Resolve {
+        what,
         cwd: cwd.to_path_buf(),
         at: rest[..upto].iter().collect::<PathBuf>(),
         source,
@@ -205,13 +236,9 @@ fn make_dirs(
         dir = fd;
     }
     if existing < rest.len() {
-        tracing::debug!(
-            "created process.cwd {} under {}",
-            cwd.display(),
-            base.display()
-        );
+        tracing::debug!("created {what} {} under {}", cwd.display(), base.display());
     }
-    Ok(())
+    Ok(dir)
 }
 
 fn dir_flags() -> i32 {

@@ -104,6 +104,32 @@ pub fn mkdirat(dirfd: BorrowedFd<'_>, name: &Path, mode: u32) -> io::Result<()> 
     Ok(())
 }
 
+/// Creates the empty regular file `name` (a single component) under
+/// `dirfd` without following a symlink there; an existing entry is left.
+pub fn create_file_at(dirfd: BorrowedFd<'_>, name: &Path, mode: u32) -> io::Result<()> {
+    let c = cstring(name)?;
+    // SAFETY: `c` is NUL-terminated and outlives the call.
+    let fd = unsafe {
+        libc::openat(
+            dirfd.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::EEXIST) {
+            Ok(())
+        } else {
+            Err(e)
+        };
+    }
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    Ok(())
+}
+
 /// `fchownat(fd, "", uid, gid, AT_EMPTY_PATH)`: chown what `fd` refers to.
 pub fn fchown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
     // SAFETY: the empty string literal is NUL-terminated and static.

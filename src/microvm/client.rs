@@ -53,7 +53,7 @@ pub fn request(
     timeout: Duration,
 ) -> Result<(UnixStream, Reply), ClientError> {
     let mut conn =
-        UnixStream::connect(dir.join(super::vmstate::SUPERVISOR_SOCKET)).map_err(|source| {
+        super::sock::connect(dir, super::vmstate::SUPERVISOR_SOCKET).map_err(|source| {
             ClientError::Connect {
                 id: id.to_string(),
                 source,

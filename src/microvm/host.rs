@@ -71,14 +71,19 @@ pub fn tsc_khz() -> Option<u64> {
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
     #[error(
-        "guest kernel {0} not found: build and install it with `make kernel install`, \
-         or set `kernel` under [microvm] in /etc/agentvm/config.toml"
+        "guest kernel {0} not found: build and install it with `make kernel` in agentvm's \
+         source tree, or set `kernel` under [microvm] in /etc/agentvm/config.toml"
     )]
     Kernel(PathBuf),
     #[error("{QEMU} not found in PATH: install Debian's qemu-system-x86")]
     Qemu,
-    #[error("virtiofsd {0} not found: run scripts/install-virtiofsd.sh")]
+    #[error(
+        "virtiofsd {0} not found: install it with `make virtiofsd` in agentvm's source tree, \
+         or set `virtiofsd` under [microvm] in /etc/agentvm/config.toml"
+    )]
     Virtiofsd(PathBuf),
+    #[error("guest agent {path} (`guest_agent` under [microvm] in the config file) {why}")]
+    GuestAgent { path: PathBuf, why: String },
 }
 
 /// Everything the microvm tier needs, found.
@@ -89,6 +94,8 @@ pub struct Host {
     pub kernel: PathBuf,
     pub qemu: PathBuf,
     pub virtiofsd: PathBuf,
+    /// The guest's /init when it is not agentvm itself (`guest_agent`).
+    pub guest_agent: Option<PathBuf>,
 }
 
 pub fn find_in_path(name: &str) -> Option<PathBuf> {
@@ -102,6 +109,10 @@ impl Host {
     /// Checks that a microVM can be started here; the error says what is
     /// missing and how to get it.
     pub fn probe(config: &Config) -> Result<Host, HostError> {
+        let guest_agent = config.microvm.guest_agent.clone();
+        if let Some(path) = &guest_agent {
+            check_guest_agent(path)?;
+        }
         let kernel = config
             .microvm
             .kernel
@@ -126,6 +137,42 @@ impl Host {
             kernel,
             qemu,
             virtiofsd,
+            guest_agent,
         })
+    }
+}
+
+/// A configured guest agent must be a regular file (following symlinks):
+/// it is copied into the initramfs as /init.
+fn check_guest_agent(path: &Path) -> Result<(), HostError> {
+    let why = match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => return Ok(()),
+        Ok(_) => "is not a regular file".to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist".to_string(),
+        Err(e) => format!("cannot be read: {e}"),
+    };
+    Err(HostError::GuestAgent {
+        path: path.to_path_buf(),
+        why,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_agent_must_be_a_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent");
+        std::fs::write(&file, b"\x7fELF").unwrap();
+        assert!(check_guest_agent(&file).is_ok());
+        let missing = dir.path().join("nope");
+        let err = check_guest_agent(&missing).unwrap_err().to_string();
+        assert!(err.contains("guest_agent"), "{err}");
+        assert!(err.contains(&missing.display().to_string()), "{err}");
+        assert!(err.contains("does not exist"), "{err}");
+        let err = check_guest_agent(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("is not a regular file"), "{err}");
     }
 }

@@ -1,7 +1,8 @@
 //! The guest's initramfs: a newc cpio holding agentvm itself as /init.
 //!
 //! It is made from the running binary (/proc/self/exe), so host and guest
-//! always speak the same protocol, and cached per binary.
+//! always speak the same protocol, or from the binary the config file names
+//! as `guest_agent`, and cached per binary.
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -14,6 +15,11 @@ pub const CACHE_DIR: &str = "/run/agentvm-initramfs";
 pub enum InitramfsError {
     #[error("cannot read the agentvm binary {path}: {source}")]
     ReadSelf {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read the guest agent {path} (`guest_agent` under [microvm]): {source}")]
+    ReadAgent {
         path: PathBuf,
         source: std::io::Error,
     },
@@ -105,12 +111,30 @@ pub fn build(init: &[u8]) -> Vec<u8> {
     c.finish()
 }
 
-/// The cached image for the running binary, built on first use.
-pub fn for_self() -> Result<PathBuf, InitramfsError> {
-    let exe = PathBuf::from("/proc/self/exe");
-    let read_err = |source| InitramfsError::ReadSelf {
-        path: exe.clone(),
-        source,
+/// The cached image whose /init is `agent`, or the running binary when
+/// `agent` is `None`; built on first use.
+///
+/// The cache key is the binary's identity (device, inode, size, mtime), so
+/// a rebuilt binary gets a new image; images made from a configured agent
+/// are named apart from those made from agentvm itself.
+pub fn for_init(agent: Option<&Path>) -> Result<PathBuf, InitramfsError> {
+    cached(Path::new(CACHE_DIR), agent)
+}
+
+fn cached(cache_dir: &Path, agent: Option<&Path>) -> Result<PathBuf, InitramfsError> {
+    let (exe, prefix) = match agent {
+        Some(p) => (p.to_path_buf(), "agent"),
+        None => (PathBuf::from("/proc/self/exe"), "agentvm"),
+    };
+    let read_err = |source| match agent {
+        Some(_) => InitramfsError::ReadAgent {
+            path: exe.clone(),
+            source,
+        },
+        None => InitramfsError::ReadSelf {
+            path: exe.clone(),
+            source,
+        },
     };
     let meta = std::fs::metadata(&exe).map_err(read_err)?;
     let key = format!(
@@ -120,7 +144,7 @@ pub fn for_self() -> Result<PathBuf, InitramfsError> {
         meta.size(),
         meta.mtime_nsec() as u64 ^ (meta.mtime() as u64) << 20
     );
-    let path = Path::new(CACHE_DIR).join(format!("agentvm-{key}.cpio"));
+    let path = cache_dir.join(format!("{prefix}-{key}.cpio"));
     if path.is_file() {
         return Ok(path);
     }
@@ -130,8 +154,8 @@ pub fn for_self() -> Result<PathBuf, InitramfsError> {
         path: path.clone(),
         source,
     };
-    std::fs::create_dir_all(CACHE_DIR).map_err(write_err)?;
-    let tmp = Path::new(CACHE_DIR).join(format!(".{key}.{}", std::process::id()));
+    std::fs::create_dir_all(cache_dir).map_err(write_err)?;
+    let tmp = cache_dir.join(format!(".{prefix}-{key}.{}", std::process::id()));
     std::fs::File::create(&tmp)
         .and_then(|mut f| f.write_all(&image))
         .and_then(|_| std::fs::rename(&tmp, &path))
@@ -156,6 +180,34 @@ mod tests {
         let header = &text[at - 110..at];
         assert_eq!(&header[14..22], "000081ed");
         assert_eq!(&header[54..62], "0000000a");
+    }
+
+    #[test]
+    fn a_configured_agent_gets_its_own_cached_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        let a = dir.path().join("a");
+        let b = dir.path().join("b");
+        std::fs::write(&a, b"agent-a").unwrap();
+        std::fs::write(&b, b"agent-b").unwrap();
+        let image_a = cached(&cache, Some(&a)).unwrap();
+        let image_b = cached(&cache, Some(&b)).unwrap();
+        assert_ne!(image_a, image_b);
+        assert!(image_a
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("agent-"));
+        assert_eq!(std::fs::read(&image_a).unwrap(), build(b"agent-a"));
+        assert_eq!(std::fs::read(&image_b).unwrap(), build(b"agent-b"));
+        // A hit is the same file; a missing agent is an error naming it.
+        assert_eq!(cached(&cache, Some(&a)).unwrap(), image_a);
+        let missing = dir.path().join("missing");
+        let err = cached(&cache, Some(&missing)).unwrap_err().to_string();
+        assert!(
+            err.contains("guest_agent") && err.contains("missing"),
+            "{err}"
+        );
     }
 
     #[test]

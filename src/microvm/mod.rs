@@ -21,9 +21,11 @@ use crate::context::Context;
 use crate::state::Record;
 
 pub mod client;
+pub mod exec;
 pub mod host;
 pub mod initramfs;
 pub mod protocol;
+pub mod sock;
 pub mod spec;
 pub mod supervisor;
 pub mod vmm;
@@ -31,6 +33,7 @@ pub mod vmstate;
 
 use client::SupervisorRequest;
 use protocol::Reply;
+pub use supervisor::exit_like;
 use vmstate::{Status, VmState};
 
 #[derive(Debug, thiserror::Error)]

@@ -54,6 +54,19 @@ pub enum ProtocolError {
     Io(#[from] std::io::Error),
 }
 
+impl ProtocolError {
+    /// Whether the peer broke the protocol (sent bytes that are not a valid
+    /// frame or message), as opposed to the channel failing or closing.
+    pub fn is_violation(&self) -> bool {
+        matches!(
+            self,
+            ProtocolError::TooLong(_)
+                | ProtocolError::UnknownKind(_)
+                | ProtocolError::BadControl(_)
+        )
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
@@ -374,6 +387,16 @@ mod tests {
         assert!(Frame::data(Kind::Stdout, 0, b"{}")
             .parse_control::<GuestMessage>()
             .is_err());
+    }
+
+    #[test]
+    fn violations_are_told_apart_from_a_broken_channel() {
+        assert!(ProtocolError::TooLong(MAX_PAYLOAD + 1).is_violation());
+        assert!(ProtocolError::UnknownKind(99).is_violation());
+        assert!(ProtocolError::BadControl("x".into()).is_violation());
+        assert!(!ProtocolError::Closed.is_violation());
+        let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+        assert!(!ProtocolError::Io(eof).is_violation());
     }
 
     #[test]

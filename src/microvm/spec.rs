@@ -43,7 +43,14 @@ pub struct GuestPlan {
     pub warnings: Vec<String>,
 }
 
-fn is_bind(m: &Value) -> bool {
+impl GuestPlan {
+    /// Whether the container's root is read-only (the share holds it so).
+    pub fn root_readonly(&self) -> bool {
+        self.staged.first().is_some_and(|s| s.readonly)
+    }
+}
+
+pub fn is_bind(m: &Value) -> bool {
     m.get("type").and_then(Value::as_str) == Some("bind")
         || m.get("options")
             .and_then(Value::as_array)

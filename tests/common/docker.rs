@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use super::cgroup::{self, Resource};
 use super::cmd::{self, Output};
+use super::pty::PtySession;
 use super::{agentvm_bin, Runtime, DATA_DIR, RUN_DIR};
 use super::{daemon, find_in_path, host_unsuitable, rootfs, unique_name, wait_for};
 
@@ -49,6 +50,13 @@ pub fn docker() -> Result<&'static Docker, String> {
         .map_err(Clone::clone)
 }
 
+/// The test daemon with containers run by `runtime` instead of the one
+/// `AGENTVM_TEST_RUNTIME` names.
+pub fn docker_with(runtime: Runtime) -> Result<Docker, String> {
+    docker()?;
+    Ok(Docker { runtime })
+}
+
 fn run_dir() -> &'static Path {
     Path::new(RUN_DIR)
 }
@@ -57,12 +65,25 @@ fn log_path() -> PathBuf {
     run_dir().join("dockerd.log")
 }
 
+/// The agentvm config file the `agentvm` runtime (microvm, the default
+/// tier) gets: the kernel kernels/build.sh built, when there is one.
+fn microvm_config() -> String {
+    let path = run_dir().join("agentvm-microvm.toml");
+    let mut text = format!("[microvm]\nvirtiofsd = {:?}\n", super::guest::VIRTIOFSD);
+    if let Ok(kernel) = super::guest::kernel() {
+        text += &format!("kernel = {:?}\n", kernel.display().to_string());
+    }
+    std::fs::create_dir_all(run_dir()).expect("create run dir");
+    daemon::write_if_changed(&path, &text);
+    path.display().to_string()
+}
+
 /// The daemon config: the agentvm runtimes as Docker users register them.
 fn daemon_config() -> String {
     let bin = agentvm_bin();
     let mut runtimes = serde_json::json!({
         "agentvm-container": { "path": bin, "runtimeArgs": ["--isolation=container"] },
-        "agentvm": { "path": bin },
+        "agentvm": { "path": bin, "runtimeArgs": ["--config", microvm_config()] },
     });
     if let Some(crun) = find_in_path("crun") {
         runtimes["crun"] = serde_json::json!({ "path": crun });
@@ -204,6 +225,16 @@ impl Docker {
         };
         self.run(&args).ok();
         container
+    }
+
+    /// `docker run -it --rm ... sh` (or `exec -it`) on a 40x100 pty,
+    /// waiting for the shell prompt.
+    pub fn interactive(&self, args: &[&str]) -> PtySession {
+        let mut cmd = self.cmd();
+        cmd.args(args);
+        let mut session = PtySession::spawn(cmd, 40, 100);
+        session.expect("# ", 60);
+        session
     }
 
     /// The default bridge's gateway address.

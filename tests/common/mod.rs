@@ -27,11 +27,13 @@ macro_rules! require {
     };
 }
 
+pub mod bundle;
 pub mod cgroup;
 pub mod cmd;
 pub mod containerd;
 pub mod daemon;
 pub mod docker;
+pub mod guest;
 pub mod podman;
 pub mod pty;
 pub mod rootfs;
@@ -178,5 +180,16 @@ pub fn wait_for<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> Option<T> {
             return None;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Whether `pid` has exited (no such process, or a zombie nobody reaped).
+pub fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|state| state == "Z" || state == "X"),
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::protocol::{Frame, GuestMessage, HostMessage, Kind, Reply, SHARE_MOUNT, SHARE_TAG};
 
-const VIRTIOFSD: &str = "/usr/local/libexec/agentvm/virtiofsd";
+use crate::common::guest::{kernel, VIRTIOFSD};
 /// Longest wait for any one thing the guest does (TCG is slow, and the
 /// machine may be busy building).
 pub const WAIT: Duration = Duration::from_secs(120);
@@ -30,17 +30,8 @@ fn manifest_dir() -> PathBuf {
 }
 
 pub fn assets() -> Result<Assets, String> {
-    if Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        return Err("qemu-system-x86_64 not found (Debian package qemu-system-x86)".into());
-    }
-    if !Path::new(VIRTIOFSD).exists() {
-        return Err(format!(
-            "{VIRTIOFSD} not found (scripts/install-virtiofsd.sh installs it)"
-        ));
+    if let Some(why) = crate::common::guest::unavailable() {
+        return Err(why);
     }
     if !Path::new("/bin/busybox").exists() {
         return Err("/bin/busybox not found (Debian package busybox-static)".into());
@@ -51,29 +42,6 @@ pub fn assets() -> Result<Assets, String> {
         agent: agent_binary(),
         tsc_khz: tsc_khz(),
     })
-}
-
-/// $AGENTVM_KERNEL, else what kernels/build.sh prints (a cache hit once
-/// the kernel was built on this machine).
-fn kernel() -> Result<PathBuf, String> {
-    if let Ok(k) = std::env::var("AGENTVM_KERNEL") {
-        if !Path::new(&k).is_file() {
-            return Err(format!("AGENTVM_KERNEL={k} is not a file"));
-        }
-        return Ok(PathBuf::from(k));
-    }
-    let out = Command::new(manifest_dir().join("kernels/build.sh"))
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cannot run kernels/build.sh: {e}"))?;
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if !out.status.success() || !Path::new(&path).is_file() {
-        return Err(format!(
-            "kernels/build.sh could not provide a kernel ({})",
-            out.status
-        ));
-    }
-    Ok(PathBuf::from(path))
 }
 
 /// The release agentvm (static; a debug build is far too slow under TCG):

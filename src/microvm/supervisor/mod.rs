@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -26,6 +26,10 @@ mod serve;
 pub use serve::run_hooks as run_hooks_public;
 mod stage;
 pub mod tty;
+
+/// The socket, in the state directory, that the VMM joins to the guest's
+/// control port.
+const CONTROL_SOCKET: &str = "ctl.sock";
 
 /// The fd on which `create` waits for "ready" or an error.
 pub const SYNC_FD: i32 = 3;
@@ -51,6 +55,10 @@ pub enum SupervisorError {
     Tty(#[from] tty::TtyError),
     #[error("guest: {0}")]
     Guest(String),
+    /// The guest sent something that is not the protocol: it is not
+    /// trusted further and the VM is killed.
+    #[error("guest protocol violation: {0}")]
+    Violation(String),
     #[error("the guest did not boot within {secs}s ({detail}); console log: {console}")]
     BootTimeout {
         secs: u64,
@@ -59,6 +67,16 @@ pub enum SupervisorError {
     },
     #[error("{0}")]
     Other(String),
+}
+
+impl From<super::protocol::ProtocolError> for SupervisorError {
+    fn from(e: super::protocol::ProtocolError) -> SupervisorError {
+        if e.is_violation() {
+            SupervisorError::Violation(e.to_string())
+        } else {
+            SupervisorError::Guest(e.to_string())
+        }
+    }
 }
 
 pub struct Args {
@@ -139,12 +157,20 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     for w in &plan.warnings {
         tracing::warn!("container {}: {w}", state.id);
     }
+    if plan.root_readonly() {
+        stage::mount_points(&spec, &state.bundle, &state.rootfs)?;
+    }
     let share_dir = dir.join("share");
     stage::share(&share_dir, &plan.staged)?;
 
     let terminal = spec["process"]["terminal"].as_bool().unwrap_or(false);
     let host_pty = match (&args.console_socket, terminal) {
-        (Some(sock), true) => Some(tty::HostPty::open_and_send(sock)?),
+        (Some(sock), true) => {
+            let pty = tty::HostPty::open_and_send(sock)?;
+            // The supervisor leads its own session (see create).
+            pty.take_as_controlling();
+            Some(pty)
+        }
         (None, true) => {
             return Err(SupervisorError::Other(
                 "process.terminal is true but no --console-socket was given".into(),
@@ -153,9 +179,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         _ => None,
     };
 
-    let ctl_path = dir.join("ctl.sock");
-    let _ = std::fs::remove_file(&ctl_path);
-    let listener = UnixListener::bind(&ctl_path)
+    let listener = super::sock::bind(dir, CONTROL_SOCKET)
         .map_err(|e| SupervisorError::Other(format!("cannot listen on control socket: {e}")))?;
     let mut cmdline = String::from("console=ttyS0 reboot=t panic=-1 quiet rdinit=/init");
     if host.accel == Accel::Tcg {
@@ -165,12 +189,12 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     }
     let config = VmConfig {
         kernel: host.kernel.clone(),
-        initramfs: super::initramfs::for_self()?,
+        initramfs: super::initramfs::for_init(host.guest_agent.as_deref())?,
         cmdline,
         vcpus: plan.vcpus,
         memory_mib: plan.memory_mib,
         share_dir,
-        control_socket: ctl_path,
+        control_socket: CONTROL_SOCKET.into(),
         console_log: dir.join(CONSOLE_LOG),
         run_dir: dir.clone(),
         kvm: host.accel == Accel::Kvm,
@@ -212,18 +236,17 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         }
         Ok(other) => {
             vm.kill();
-            return Err(SupervisorError::Guest(format!(
+            return Err(SupervisorError::Violation(format!(
                 "unexpected reply to create: {other:?}"
             )));
         }
         Err(e) => {
             vm.kill();
-            return Err(SupervisorError::Guest(e));
+            return Err(e);
         }
     }
     let cli_path = dir.join(super::vmstate::SUPERVISOR_SOCKET);
-    let _ = std::fs::remove_file(&cli_path);
-    let cli = match UnixListener::bind(&cli_path) {
+    let cli = match super::sock::bind(dir, super::vmstate::SUPERVISOR_SOCKET) {
         Ok(l) => l,
         Err(e) => {
             vm.kill();
@@ -279,15 +302,23 @@ fn handshake(
     };
     conn.set_nonblocking(false)
         .map_err(|e| SupervisorError::Other(e.to_string()))?;
-    // Poll for Hello so a VM that dies while booting is noticed.
-    conn.set_read_timeout(Some(Duration::from_millis(200)))
-        .map_err(|e| SupervisorError::Other(e.to_string()))?;
     loop {
-        match Frame::read_from(&mut conn) {
-            Ok(f) => {
-                let msg: GuestMessage = f
-                    .parse_control()
-                    .map_err(|e| SupervisorError::Guest(e.to_string()))?;
+        // Poll for Hello so a VM that dies while booting is noticed. A
+        // frame that has begun is read whole, however slowly it comes,
+        // within the boot timeout: a read timeout in the middle of a frame
+        // would drop its first bytes and misread the rest.
+        let frame = if readable(&conn, Duration::from_millis(200))? {
+            let left = deadline.saturating_duration_since(Instant::now());
+            conn.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .map_err(|e| SupervisorError::Other(e.to_string()))?;
+            Some(Frame::read_from(&mut conn))
+        } else {
+            None
+        };
+        match frame {
+            None => {}
+            Some(Ok(f)) => {
+                let msg: GuestMessage = f.parse_control()?;
                 match msg {
                     GuestMessage::Hello { version, kernel } if version == VERSION => {
                         tracing::info!("guest agent up, kernel {kernel}");
@@ -300,18 +331,18 @@ fn handshake(
                     }
                     GuestMessage::Log { message, .. } => tracing::warn!("guest: {message}"),
                     other => {
-                        return Err(SupervisorError::Guest(format!(
+                        return Err(SupervisorError::Violation(format!(
                             "expected hello, got {other:?}"
                         )))
                     }
                 }
             }
-            Err(super::protocol::ProtocolError::Io(e))
+            Some(Err(super::protocol::ProtocolError::Io(e)))
                 if matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) => {}
-            Err(e) => return Err(SupervisorError::Guest(e.to_string())),
+            Some(Err(e)) => return Err(e.into()),
         }
         if let Some((name, status)) = vm.exited() {
             return Err(SupervisorError::Guest(format!(
@@ -328,10 +359,22 @@ fn handshake(
     Ok(conn)
 }
 
+/// Whether `conn` has data (or EOF) within `wait`.
+fn readable(conn: &UnixStream, wait: Duration) -> Result<bool, SupervisorError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let timeout = PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX);
+    let mut fds = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
+    match poll(&mut fds, timeout) {
+        Ok(n) => Ok(n > 0),
+        Err(nix::errno::Errno::EINTR) => Ok(false),
+        Err(e) => Err(SupervisorError::Other(format!("control socket: {e}"))),
+    }
+}
+
 /// Exits as the workload did: a status above 128 that names a signal is
 /// re-raised, so the waiting shim sees the same death runc's init would
 /// have shown it.
-fn exit_like(status: i32) -> ! {
+pub fn exit_like(status: i32) -> ! {
     if (129..=128 + 64).contains(&status) {
         let sig = status - 128;
         if sig != libc::SIGSTOP && sig != libc::SIGTSTP {

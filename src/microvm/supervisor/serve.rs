@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use signal_hook::consts::signal::*;
 
-use super::{Args, Booted, VM_LOST_STATUS};
+use super::{Args, Booted, SupervisorError, VM_LOST_STATUS};
 use crate::microvm::client::{ExecControl, ExecEvent, SupervisorRequest};
 use crate::microvm::protocol::{
-    Frame, GuestMessage, HostMessage, Kind, Reply, INIT_STREAM, MAX_PAYLOAD,
+    Frame, GuestMessage, HostMessage, Kind, ProtocolError, Reply, INIT_STREAM, MAX_PAYLOAD,
 };
 use crate::microvm::vmstate::{Status, VmState};
 
@@ -29,28 +29,40 @@ pub fn send_and_wait(
     guest: &mut UnixStream,
     msg: &HostMessage,
     timeout: Duration,
-) -> Result<Reply, String> {
-    Frame::control(msg)
-        .write_to(guest)
-        .map_err(|e| e.to_string())?;
-    guest
-        .set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
+) -> Result<Reply, SupervisorError> {
+    let channel = |e: std::io::Error| SupervisorError::Guest(format!("control channel: {e}"));
+    Frame::control(msg).write_to(guest)?;
+    guest.set_read_timeout(Some(timeout)).map_err(channel)?;
     let result = loop {
-        let frame = Frame::read_from(guest).map_err(|e| e.to_string())?;
+        let frame = match Frame::read_from(guest) {
+            Ok(f) => f,
+            Err(ProtocolError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break Err(SupervisorError::Guest(format!(
+                    "the guest did not answer within {timeout:?}"
+                )))
+            }
+            Err(e) => break Err(e.into()),
+        };
         if frame.kind != Kind::Control {
             continue;
         }
-        match frame
-            .parse_control::<GuestMessage>()
-            .map_err(|e| e.to_string())?
-        {
-            GuestMessage::Reply(r) => break Ok(r),
-            GuestMessage::Log { message, .. } => tracing::warn!("guest: {message}"),
-            other => break Err(format!("unexpected message from the guest: {other:?}")),
+        match frame.parse_control::<GuestMessage>() {
+            Ok(GuestMessage::Reply(r)) => break Ok(r),
+            Ok(GuestMessage::Log { message, .. }) => tracing::warn!("guest: {message}"),
+            Ok(other) => {
+                break Err(SupervisorError::Violation(format!(
+                    "unexpected message from the guest: {other:?}"
+                )))
+            }
+            Err(e) => break Err(e.into()),
         }
     };
-    guest.set_read_timeout(None).map_err(|e| e.to_string())?;
+    guest.set_read_timeout(None).map_err(channel)?;
     result
 }
 
@@ -91,8 +103,18 @@ pub fn run_hooks(spec: &Value, state: &VmState, kinds: &[&str]) -> Result<(), St
 
 enum Event {
     InitExit(i32),
+    /// The VM cannot be trusted or reached any more (a protocol violation,
+    /// a broken channel, an unanswered request).
     GuestGone(String),
     Signal(i32),
+}
+
+/// How the container ended.
+enum End {
+    /// The workload exited with this status; the guest still answers.
+    Exited(i32),
+    /// The VM died or the control channel is broken or untrusted.
+    Lost,
 }
 
 /// What the reader thread and request handlers share.
@@ -180,15 +202,26 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         terminal.as_ref().and_then(|t| t.reader().ok()),
     );
     spawn_cli(shared.clone(), cli);
-    spawn_signals(events_tx);
-
-    let status = wait_for_end(&shared, &events, &mut vm, terminal.as_ref());
-    // The workload is gone: power the guest off, then make sure.
-    let _ = shared.request(&HostMessage::Shutdown);
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < deadline && vm.exited().is_none() {
-        std::thread::sleep(Duration::from_millis(20));
+    spawn_signals(events_tx.clone());
+    // A resize made before the handler was installed was not seen.
+    if terminal.as_ref().and_then(|t| t.size()).is_some() {
+        let _ = events_tx.send(Event::Signal(SIGWINCH));
     }
+
+    let status = match wait_for_end(&shared, &events, &mut vm, terminal.as_ref()) {
+        End::Exited(status) => {
+            // The workload is gone: power the guest off, then make sure.
+            let _ = shared.request(&HostMessage::Shutdown);
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline && vm.exited().is_none() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            status
+        }
+        // Nothing would answer a shutdown request (or nothing may be
+        // trusted to): the VM is killed at once.
+        End::Lost => VM_LOST_STATUS,
+    };
     vm.kill();
     if let Ok(mut s) = VmState::load(&args.dir) {
         s.status = Status::Stopped;
@@ -206,13 +239,22 @@ fn wait_for_end(
     events: &Receiver<Event>,
     vm: &mut super::Vm,
     terminal: Option<&super::tty::HostPty>,
-) -> i32 {
+) -> End {
     loop {
         match events.recv_timeout(Duration::from_millis(100)) {
-            Ok(Event::InitExit(status)) => return status,
+            Ok(Event::InitExit(status)) => return End::Exited(status),
             Ok(Event::GuestGone(why)) => {
-                tracing::error!("container stopped: {why}");
-                return VM_LOST_STATUS;
+                // A channel that closes is most often the VMM dying: name
+                // that when it is so.
+                let deadline = Instant::now() + Duration::from_millis(500);
+                while vm.exited().is_none() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                match vm.exited() {
+                    Some((name, status)) => vm_lost(shared, name, &status.to_string()),
+                    None => tracing::error!("container stopped: {why}"),
+                }
+                return End::Lost;
             }
             Ok(Event::Signal(SIGWINCH)) => {
                 if let Some((rows, cols)) = terminal.and_then(|t| t.size()) {
@@ -240,35 +282,45 @@ fn wait_for_end(
             }
             Err(RecvTimeoutError::Timeout) => {
                 if let Some((name, status)) = vm.exited() {
-                    tracing::error!(
-                        "container stopped: {name} exited unexpectedly ({status}); guest console: {}",
-                        shared.dir.join(crate::microvm::vmstate::CONSOLE_LOG).display()
-                    );
-                    return VM_LOST_STATUS;
+                    vm_lost(shared, name, &status.to_string());
+                    return End::Lost;
                 }
             }
-            Err(RecvTimeoutError::Disconnected) => return VM_LOST_STATUS,
+            Err(RecvTimeoutError::Disconnected) => return End::Lost,
         }
     }
 }
 
+fn vm_lost(shared: &Shared, name: &str, status: &str) {
+    tracing::error!(
+        "container stopped: {name} exited unexpectedly ({status}); guest console: {}",
+        shared
+            .dir
+            .join(crate::microvm::vmstate::CONSOLE_LOG)
+            .display()
+    );
+}
+
 fn spawn_reader(shared: Arc<Shared>, mut guest: UnixStream) {
     std::thread::spawn(move || loop {
+        // A guest that breaks the protocol is not trusted further: the
+        // container ends (the error is logged once, by wait_for_end).
         let frame = match Frame::read_from(&mut guest) {
             Ok(f) => f,
             Err(e) => {
-                let _ = shared
-                    .events
-                    .send(Event::GuestGone(format!("control channel: {e}")));
+                let why = if e.is_violation() {
+                    format!("guest protocol violation: {e}")
+                } else {
+                    format!("control channel: {e}")
+                };
+                let _ = shared.events.send(Event::GuestGone(why));
                 return;
             }
         };
         if let Err(why) = dispatch(&shared, frame) {
-            // A guest that breaks the protocol is not trusted further.
-            tracing::error!("guest protocol violation: {why}");
-            let _ = shared.events.send(Event::GuestGone(format!(
-                "the guest sent a malformed message ({why})"
-            )));
+            let _ = shared
+                .events
+                .send(Event::GuestGone(format!("guest protocol violation: {why}")));
             return;
         }
     });
@@ -296,6 +348,9 @@ fn dispatch(shared: &Shared, frame: Frame) -> Result<(), String> {
                 let _ = shared.events.send(Event::InitExit(status));
             }
             GuestMessage::Exit { id, status } => {
+                never_started(shared, "an exit", id)?;
+                // A stream that was started but whose relay is gone already
+                // (killed, hung up) has nobody to tell.
                 let relay = shared.execs.lock().map_err(|_| "poisoned")?.remove(&id);
                 if let Some(mut conn) = relay {
                     let _ = Frame::control(&ExecEvent::Exit { status }).write_to(&mut conn);
@@ -315,6 +370,7 @@ fn dispatch(shared: &Shared, frame: Frame) -> Result<(), String> {
             }
         }
         Kind::Stdout | Kind::Stderr => {
+            never_started(shared, "output", frame.stream)?;
             let mut execs = shared.execs.lock().map_err(|_| "poisoned")?;
             if let Some(conn) = execs.get_mut(&frame.stream) {
                 let f = Frame::data(frame.kind, 0, &frame.payload);
@@ -322,6 +378,17 @@ fn dispatch(shared: &Shared, frame: Frame) -> Result<(), String> {
             }
         }
         Kind::Stdin | Kind::StdinClose => return Err("stdin frames go to the guest".into()),
+    }
+    Ok(())
+}
+
+/// Streams are numbered by the host; one it never handed out is a lie.
+fn never_started(shared: &Shared, what: &str, id: u32) -> Result<(), String> {
+    // The id was taken before the Exec request that names it was sent.
+    if id >= shared.next_exec.load(Ordering::Relaxed) {
+        return Err(format!(
+            "{what} for stream {id}, which the host never started"
+        ));
     }
     Ok(())
 }
@@ -450,7 +517,24 @@ fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Value) {
     loop {
         let frame = match Frame::read_from(&mut conn) {
             Ok(f) => f,
-            Err(_) => return,
+            Err(_) => {
+                // The relay is gone (killed, or its caller hung up): its
+                // process must not live on unseen in the guest.
+                let still_running = shared
+                    .execs
+                    .lock()
+                    .map(|mut e| e.remove(&id).is_some())
+                    .unwrap_or(false);
+                if still_running {
+                    tracing::info!("exec {id}: relay gone, killing its process");
+                    let _ = shared.request(&HostMessage::Signal {
+                        id,
+                        signal: SIGKILL,
+                        all: false,
+                    });
+                }
+                return;
+            }
         };
         let result = match frame.kind {
             Kind::Stdin | Kind::StdinClose if frame.payload.len() <= MAX_PAYLOAD => {

@@ -11,7 +11,7 @@ use nix::unistd::Pid;
 use oci_spec::runtime::{LinuxResources, LinuxResourcesBuilder};
 use serde_json::Value;
 
-use crate::microvm::spec::Staged;
+use crate::microvm::spec::{is_bind, Staged};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
@@ -25,6 +25,8 @@ pub enum StageError {
         what: String,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    MountPoint(#[from] crate::container::cwd::CwdError),
     #[error("cgroup {path}: {message}")]
     Cgroup { path: PathBuf, message: String },
 }
@@ -110,6 +112,38 @@ pub fn cgroup(spec: &Value, id: &str) -> Result<PathBuf, StageError> {
         .map_err(|e| err(e.to_string()))?;
     }
     Ok(path)
+}
+
+/// Makes the spec's mount points in a read-only rootfs on the host, as
+/// runc does before it makes the root read-only: the guest cannot, since
+/// the share is read-only already. A mount inside another mount's
+/// destination (`/dev/pts` in `/dev`) is made by the guest in that mount.
+pub fn mount_points(spec: &Value, bundle: &Path, rootfs: &Path) -> Result<(), StageError> {
+    let mounts = spec
+        .get("mounts")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let dest_of = |m: &Value| {
+        m.get("destination")
+            .and_then(Value::as_str)
+            .map(PathBuf::from)
+    };
+    let dests: Vec<PathBuf> = mounts.iter().filter_map(dest_of).collect();
+    for m in mounts {
+        let Some(dest) = dest_of(m) else { continue };
+        if dests.iter().any(|d| d != &dest && dest.starts_with(d)) {
+            continue;
+        }
+        let file = is_bind(m)
+            && m.get("source")
+                .and_then(Value::as_str)
+                .map(|src| bundle.join(src))
+                .and_then(|src| std::fs::metadata(src).ok())
+                .is_some_and(|md| !md.is_dir());
+        crate::container::cwd::ensure_mount_point(rootfs, &dest, file)?;
+    }
+    Ok(())
 }
 
 /// Bind-mounts each staged host path into `share` (inside our private

@@ -36,10 +36,6 @@ impl HostPty {
             termios::cfmakeraw(&mut t);
             let _ = termios::tcsetattr(pty.slave.as_fd(), SetArg::TCSANOW, &t);
         }
-        // As a session leader without a terminal, taking the slave as our
-        // controlling terminal makes resizes arrive as SIGWINCH.
-        // SAFETY: TIOCSCTTY takes an int argument, no memory.
-        unsafe { libc::ioctl(pty.slave.as_raw_fd(), libc::TIOCSCTTY, 0) };
         let sock = UnixStream::connect(console_socket).map_err(|source| TtyError::Socket {
             path: console_socket.display().to_string(),
             source,
@@ -58,6 +54,20 @@ impl HostPty {
         Ok(HostPty { slave: pty.slave })
     }
 
+    /// Makes the slave our controlling terminal, so resizes of the master
+    /// arrive as SIGWINCH. Only a session leader without a terminal can;
+    /// otherwise resizes are simply not seen.
+    pub fn take_as_controlling(&self) {
+        // SAFETY: TIOCSCTTY takes an int argument, no memory.
+        let rc = unsafe { libc::ioctl(self.slave.as_raw_fd(), libc::TIOCSCTTY, 0) };
+        if rc != 0 {
+            tracing::debug!(
+                "cannot take the pty as controlling terminal: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+
     pub fn writer(&self) -> std::io::Result<std::fs::File> {
         Ok(std::fs::File::from(self.slave.try_clone()?))
     }
@@ -68,14 +78,19 @@ impl HostPty {
 
     /// Rows and columns the caller set on the master.
     pub fn size(&self) -> Option<(u16, u16)> {
-        let mut ws = libc::winsize {
-            ws_row: 0,
-            ws_col: 0,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        // SAFETY: TIOCGWINSZ writes one winsize into the struct we pass.
-        let rc = unsafe { libc::ioctl(self.slave.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) };
-        (rc == 0).then_some((ws.ws_row, ws.ws_col))
+        window_size(self.slave.as_fd())
     }
+}
+
+/// The window size of a terminal, when one was set.
+pub fn window_size(fd: std::os::fd::BorrowedFd) -> Option<(u16, u16)> {
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize into the struct we pass.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) };
+    (rc == 0 && ws.ws_row > 0 && ws.ws_col > 0).then_some((ws.ws_row, ws.ws_col))
 }

@@ -34,12 +34,13 @@ pub struct VmConfig {
     /// Host directory exported to the guest with the tag
     /// `protocol::SHARE_TAG`.
     pub share_dir: PathBuf,
-    /// Unix socket the supervisor listens on; the VMM connects it to the
-    /// guest's control port.
+    /// Name of the unix socket in `run_dir` the supervisor listens on; the
+    /// VMM connects it to the guest's control port.
     pub control_socket: PathBuf,
     /// Where the guest's serial console goes.
     pub console_log: PathBuf,
-    /// A private directory for the backend's own sockets.
+    /// A private directory for the backend's own sockets; the VMM runs in
+    /// it, so socket names are short whatever its path (see `sock`).
     pub run_dir: PathBuf,
     pub kvm: bool,
 }

@@ -16,22 +16,25 @@ pub struct Qemu {
     pub virtiofsd: PathBuf,
 }
 
+/// virtiofsd's socket in the run directory.
+const FS_SOCKET: &str = "virtiofsd.sock";
 /// virtiofsd gets its listening socket as this fd.
 const VIRTIOFSD_FD: i32 = 3;
 
 impl Qemu {
     /// The virtiofsd command and the listening socket it inherits; the
     /// caller keeps the listener open until the command is spawned.
-    fn virtiofsd(
-        &self,
-        config: &VmConfig,
-        socket: &PathBuf,
-    ) -> Result<(Command, UnixListener), VmmError> {
-        let _ = std::fs::remove_file(socket);
-        let listener = UnixListener::bind(socket).map_err(|source| VmmError::Setup {
-            what: format!("virtiofsd socket {}", socket.display()),
-            source,
-        })?;
+    fn virtiofsd(&self, config: &VmConfig) -> Result<(Command, UnixListener), VmmError> {
+        let listener =
+            crate::microvm::sock::bind(&config.run_dir, FS_SOCKET).map_err(|source| {
+                VmmError::Setup {
+                    what: format!(
+                        "virtiofsd socket {}",
+                        config.run_dir.join(FS_SOCKET).display()
+                    ),
+                    source,
+                }
+            })?;
         let mut cmd = Command::new(&self.virtiofsd);
         cmd.arg("--fd")
             .arg(VIRTIOFSD_FD.to_string())
@@ -121,8 +124,8 @@ impl Backend for Qemu {
     }
 
     fn launch(&self, config: &VmConfig) -> Result<Vm, VmmError> {
-        let fs_socket = config.run_dir.join("virtiofsd.sock");
-        let (mut fs_cmd, listener) = self.virtiofsd(config, &fs_socket)?;
+        let fs_socket = PathBuf::from(FS_SOCKET);
+        let (mut fs_cmd, listener) = self.virtiofsd(config)?;
         let virtiofsd = fs_cmd.spawn().map_err(|source| VmmError::Spawn {
             what: "virtiofsd",
             source,
@@ -132,7 +135,9 @@ impl Backend for Qemu {
             processes: vec![("virtiofsd", virtiofsd)],
         };
         let mut cmd = Command::new(&self.qemu);
+        // Socket paths are names in run_dir (see `sock`).
         cmd.args(self.qemu_args(config, &fs_socket))
+            .current_dir(&config.run_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(

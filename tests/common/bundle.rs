@@ -1,0 +1,235 @@
+//! A state root, a bundle on the shared busybox rootfs and a log of their
+//! own, removed at the end; agentvm driven directly (no client between),
+//! and what the tests check after it: one clear error, nothing left.
+
+use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use super::cmd::Output;
+
+/// Longest any one command may take (a microVM boots under TCG here).
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A state root, a bundle and a log of their own, removed at the end.
+/// A state root, a bundle and a log of their own, removed at the end.
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    /// Global flags before every command (`--isolation`, `--config`).
+    global: Vec<String>,
+}
+
+impl Fixture {
+    /// A fixture for the container tier.
+    pub fn new() -> Fixture {
+        Fixture::with_flags(&["--isolation=container"])
+    }
+
+    /// A fixture whose commands all get `global` flags first.
+    pub fn with_flags(global: &[&str]) -> Fixture {
+        let dir = tempfile::Builder::new()
+            .prefix("agentvm-cli-")
+            .tempdir()
+            .expect("tempdir");
+        std::fs::create_dir(dir.path().join("root")).expect("root");
+        let f = Fixture {
+            dir,
+            global: global.iter().map(|s| s.to_string()).collect(),
+        };
+        f.write_config(&["true"], |_| {});
+        f
+    }
+
+    /// Adds global flags (after the ones given at construction).
+    pub fn add_flags(&mut self, flags: &[&str]) {
+        self.global.extend(flags.iter().map(|s| s.to_string()));
+    }
+
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    pub fn bundle(&self) -> PathBuf {
+        self.dir.path().join("bundle")
+    }
+
+    pub fn log(&self) -> PathBuf {
+        self.dir.path().join("log.json")
+    }
+
+    /// Writes a config.json for `args` on the shared busybox rootfs,
+    /// letting `edit` change the JSON first.
+    pub fn write_config(&self, args: &[&str], edit: impl FnOnce(&mut serde_json::Value)) {
+        let bundle = self.bundle();
+        std::fs::create_dir_all(&bundle).expect("bundle");
+        let rootfs = super::rootfs::unpacked();
+        let mut config = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {
+                "terminal": false,
+                "user": {"uid": 0, "gid": 0},
+                "args": args,
+                "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+                "cwd": "/",
+                "noNewPrivileges": true
+            },
+            "root": {"path": rootfs, "readonly": true},
+            "hostname": "cli-test",
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+                 "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}
+            ],
+            "linux": {
+                "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"},
+                               {"type": "mount"}, {"type": "network"}]
+            }
+        });
+        edit(&mut config);
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::to_vec_pretty(&config).expect("json"),
+        )
+        .expect("write config");
+    }
+
+    /// Runs agentvm with stdout and stderr in files, not pipes: a created
+    /// container's init inherits them and keeps them open, so a pipe would
+    /// not reach EOF until the container ends (with runc as well).
+    pub fn agentvm(&self, args: &[&str]) -> Output {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let out_path = self.dir.path().join(format!("out.{n}"));
+        let err_path = self.dir.path().join(format!("err.{n}"));
+        let mut cmd = Command::new(super::agentvm_bin());
+        cmd.arg("--root")
+            .arg(self.root())
+            .arg("--log")
+            .arg(self.log())
+            .arg("--log-format")
+            .arg("json")
+            .args(&self.global)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(File::create(&out_path).expect("stdout file"))
+            .stderr(File::create(&err_path).expect("stderr file"));
+        let command = super::cmd::describe(&cmd);
+        let mut child = cmd.spawn().expect("spawn agentvm");
+        let deadline = Instant::now() + COMMAND_TIMEOUT;
+        let status = loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                break st;
+            }
+            assert!(Instant::now() < deadline, "`{command}` hung");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        Output {
+            command,
+            code: status
+                .code()
+                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+            stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
+            stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
+        }
+    }
+
+    pub fn create(&self, id: &str) -> Output {
+        let bundle = self.bundle();
+        self.agentvm(&["create", "--bundle", bundle.to_str().expect("utf-8"), id])
+    }
+
+    pub fn state(&self, id: &str) -> serde_json::Value {
+        let out = self.agentvm(&["state", id]).ok();
+        serde_json::from_str(&out.stdout).expect("state is JSON")
+    }
+
+    /// Entries left in the state root (hidden files included).
+    pub fn leftovers(&self) -> Vec<String> {
+        std::fs::read_dir(self.root())
+            .expect("read root")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+}
+
+pub fn skip_unless_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (namespaces, cgroups)");
+        return true;
+    }
+    false
+}
+
+/// Every cgroup directory named `id` under any mounted hierarchy.
+pub fn cgroups_named(id: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.filter_map(|e| e.ok()) {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                // libcontainer names a cgroup without cgroupsPath ":youki:<id>".
+                if e.file_name().to_string_lossy().contains(id) {
+                    found.push(e.path());
+                }
+                if dir.components().count() < 8 {
+                    stack.push(e.path());
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Processes whose command line mentions `marker`.
+pub fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc")
+        .expect("proc")
+        .filter_map(|e| e.ok())
+    {
+        if let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) {
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if text.contains(marker) {
+                found.push(format!("{}: {text}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    found
+}
+
+/// One failed command: non-zero, one stderr line naming the problem, the
+/// same message as a JSON error line in the log.
+#[track_caller]
+pub fn assert_one_clear_error(f: &Fixture, out: &Output, needle: &str) {
+    assert_ne!(out.code, 0, "expected failure:\n{out}");
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one stderr line:\n{out}");
+    assert!(
+        lines[0].contains(needle),
+        "stderr should name {needle:?}:\n{out}"
+    );
+    let log = std::fs::read_to_string(f.log()).expect("log file written");
+    let last = log.lines().last().expect("log has a line");
+    let entry: serde_json::Value = serde_json::from_str(last).expect("log line is JSON");
+    assert_eq!(entry["level"], "error", "{last}");
+    assert!(
+        entry["msg"].as_str().unwrap_or("").contains(needle),
+        "{last}"
+    );
+    assert!(entry["time"].is_string(), "{last}");
+}
+
+#[track_caller]
+pub fn assert_nothing_left(f: &Fixture, id: &str) {
+    assert_eq!(f.leftovers(), Vec::<String>::new(), "state root not empty");
+    assert_eq!(cgroups_named(id), Vec::<PathBuf>::new(), "cgroup left");
+    assert_eq!(processes_with(id), Vec::<String>::new(), "process left");
+}
