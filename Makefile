@@ -38,7 +38,7 @@ demo: deps install
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --locked --all-targets $(CARGO_PROFILE_FLAG) -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets $(CARGO_PROFILE_FLAG) -- -D warnings
 
 unit-test:
 	$(CARGO) test --locked $(CARGO_PROFILE_FLAG) --workspace --bins --lib

@@ -49,17 +49,25 @@ fn out_dir(f: &Fixture) -> PathBuf {
 }
 
 /// Writes a bundle running `script` with `sh -c`, with the fixture's out
-/// directory bind-mounted read-write at /out.
+/// directory bind-mounted read-write at /out, and /sys with the cgroup
+/// file system.
 fn write_script(f: &Fixture, script: &str) {
     let out = out_dir(f);
     f.write_config(&["sh", "-c", script], |c| {
-        c["mounts"]
-            .as_array_mut()
-            .expect("mounts")
-            .push(serde_json::json!({
+        c["mounts"].as_array_mut().expect("mounts").extend([
+            serde_json::json!({
                 "destination": "/out", "type": "bind",
                 "source": out, "options": ["rbind", "rw"]
-            }));
+            }),
+            serde_json::json!({
+                "destination": "/sys", "type": "sysfs", "source": "sysfs",
+                "options": ["nosuid", "noexec", "nodev", "ro"]
+            }),
+            serde_json::json!({
+                "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+                "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]
+            }),
+        ]);
     });
 }
 
@@ -220,6 +228,36 @@ fn lifecycle_with_exec_inside_the_guest() {
     assert!(
         wait_for(30, || common::process_gone(relay).then_some(())).is_some(),
         "the exec relay {relay} outlived its process"
+    );
+
+    // update changes the container's limits in the guest; a bigger VM
+    // than the one booted is refused.
+    f.agentvm(&["update", "--memory", "100m", "--pids-limit", "50", id])
+        .ok();
+    let limits = f
+        .agentvm(&[
+            "exec",
+            id,
+            "cat",
+            "/sys/fs/cgroup/memory.max",
+            "/sys/fs/cgroup/pids.max",
+        ])
+        .ok();
+    assert_eq!(limits.stdout, format!("{}\n50\n", 100 << 20), "{limits}");
+    let out = f.agentvm(&["update", "--memory", "64g", id]);
+    assert_ne!(out.code, 0, "{out}");
+    assert!(out.stderr.contains("fixed at create"), "{out}");
+
+    let events = f.agentvm(&["events", "--stats", id]).ok();
+    let event: serde_json::Value = serde_json::from_str(events.out()).expect("event JSON");
+    assert_eq!(event["type"], "stats", "{events}");
+    assert_eq!(event["id"], id, "{events}");
+    assert!(
+        event["data"]["memory"]["memory"]["usage"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "no memory use reported: {events}"
     );
 
     let ps = f.agentvm(&["ps", "--format", "json", id]).ok();

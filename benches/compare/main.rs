@@ -4,19 +4,28 @@
 //! (a) the OCI lifecycle of `/bin/true` from a busybox bundle, driven the
 //!     way containerd's shim drives a runtime: `create --pid-file`,
 //!     `start`, wait for the init to exit (pidfd, as its subreaper),
-//!     `delete`;
-//! (b) `docker run --rm local/busybox true` on the tests' own dockerd.
+//!     `delete`; and, under the microvm tier, the floor: plain QEMU booting
+//!     the same kernel to an `/init` that powers off;
+//! (b) `docker run --rm local/busybox true` on the tests' own dockerd;
+//! (c) host memory per idle container (`sleep`): RSS and PSS of the
+//!     container's processes, and the guest pages a microVM touched.
 //!
 //! Rounds are interleaved: every round runs each runtime once, in an order
 //! that rotates from round to round, so machine noise hits all of them.
+//! Entries that boot a VM may take part in fewer rounds, spread evenly
+//! through the run.
 //!
-//!     cargo bench --bench compare             # both parts (needs root)
-//!     cargo bench --bench compare -- oci      # only (a); `docker`: only (b)
+//!     cargo bench --bench compare             # all parts (needs root)
+//!     cargo bench --bench compare -- oci      # only (a); `docker`: only
+//!                                             # (b); `memory`: only (c)
 //!
 //! Environment: AGENTVM_BENCH_ROUNDS (a, default 50),
-//! AGENTVM_BENCH_DOCKER_ROUNDS (b, default 20), AGENTVM_BENCH_WARMUP
-//! (untimed rounds per runtime first, default 2), AGENTVM_BENCH_REPORT
-//! (also write the markdown report to this file).
+//! AGENTVM_BENCH_DOCKER_ROUNDS (b, default 20),
+//! AGENTVM_BENCH_MICROVM_ROUNDS (at most this many rounds of (a) and (b)
+//! for the microvm tier and the QEMU floor, default 20),
+//! AGENTVM_BENCH_WARMUP (untimed rounds per runtime first, default 2),
+//! AGENTVM_BENCH_IDLE (c: idle containers per runtime, default 3),
+//! AGENTVM_BENCH_REPORT (also write the markdown report to this file).
 
 #[allow(dead_code, unused_imports)]
 #[path = "../../tests/common/mod.rs"]
@@ -24,8 +33,15 @@ mod common;
 
 mod docker_run;
 mod error;
+/// agentvm's own newc writer, for the QEMU floor's initramfs (its unit
+/// tests come along unused).
+#[allow(dead_code, unused_imports)]
+#[path = "../../src/microvm/initramfs.rs"]
+mod initramfs;
 mod machine;
+mod memory;
 mod oci;
+mod qemu_floor;
 mod reaper;
 mod runtimes;
 mod stats;
@@ -37,18 +53,24 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 use error::BenchError;
+use qemu_floor::Floor;
 use runtimes::Runtime;
-use stats::{phase_table, ratio_table, summarize, Row, Series};
+use stats::{
+    median_u64, memory_table, mib, ms, phase_table, ratio_table, summarize, MemRow, Row, Series,
+};
 
-/// Bundle, runtime roots and logs of the OCI part.
-const BENCH_DIR: &str = "/run/agentvm-bench";
+/// Bundle, runtime roots, configs and logs.
+pub const BENCH_DIR: &str = "/run/agentvm-bench";
 
 struct Options {
     oci: bool,
     docker: bool,
+    memory: bool,
     oci_rounds: usize,
     docker_rounds: usize,
+    microvm_rounds: usize,
     warmup: usize,
+    idle: usize,
     report: Option<PathBuf>,
 }
 
@@ -67,49 +89,146 @@ impl Options {
         // cargo bench passes `--bench`; other flags are not ours either.
         for arg in std::env::args().skip(1).filter(|a| !a.starts_with('-')) {
             match arg.as_str() {
-                "oci" | "docker" => parts.push(arg),
-                other => anyhow::bail!("unknown part {other:?}: expected `oci` or `docker`"),
+                "oci" | "docker" | "memory" => parts.push(arg),
+                other => {
+                    anyhow::bail!("unknown part {other:?}: expected `oci`, `docker` or `memory`")
+                }
             }
         }
         let all = parts.is_empty();
+        let has = |p: &str| all || parts.iter().any(|q| q == p);
         Ok(Options {
-            oci: all || parts.iter().any(|p| p == "oci"),
-            docker: all || parts.iter().any(|p| p == "docker"),
+            oci: has("oci"),
+            docker: has("docker"),
+            memory: has("memory"),
             oci_rounds: env_count("AGENTVM_BENCH_ROUNDS", 50)?,
             docker_rounds: env_count("AGENTVM_BENCH_DOCKER_ROUNDS", 20)?,
+            microvm_rounds: env_count("AGENTVM_BENCH_MICROVM_ROUNDS", 20)?,
             warmup: env_count("AGENTVM_BENCH_WARMUP", 2)?,
+            idle: env_count("AGENTVM_BENCH_IDLE", 3)?.max(1),
             report: std::env::var_os("AGENTVM_BENCH_REPORT").map(PathBuf::from),
         })
     }
 }
 
-/// Runs `warmup + rounds` rounds; each round calls `one` once per runtime,
-/// starting one runtime further along the list each time. Warm-up samples
-/// are dropped; failures are kept, warm-up or not.
-fn interleave<T>(
-    runtimes: &[&Runtime],
+/// Something measured in the interleaved rounds.
+trait Entry {
+    fn name(&self) -> &'static str;
+    /// Boots a VM: may take part in fewer rounds (see [`Schedule`]).
+    fn slow(&self) -> bool;
+}
+
+impl Entry for &Runtime {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn slow(&self) -> bool {
+        self.slow
+    }
+}
+
+/// An entry of part (a): a runtime, or the QEMU floor.
+enum OciEntry<'a> {
+    Runtime(&'a Runtime),
+    Floor(&'a Floor),
+}
+
+impl Entry for OciEntry<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            OciEntry::Runtime(rt) => rt.name,
+            OciEntry::Floor(_) => qemu_floor::NAME,
+        }
+    }
+    fn slow(&self) -> bool {
+        match self {
+            OciEntry::Runtime(rt) => rt.slow,
+            OciEntry::Floor(_) => true,
+        }
+    }
+}
+
+/// Which rounds each entry takes part in: every warm-up round, and every
+/// timed round except for slow entries, which run in `slow_rounds` of them
+/// spread evenly through the run (all in the same rounds, so the microvm
+/// tier and its QEMU floor are measured side by side).
+#[derive(Debug, Clone, Copy)]
+struct Schedule {
     rounds: usize,
+    slow_rounds: usize,
     warmup: usize,
+}
+
+impl Schedule {
+    fn new(rounds: usize, slow_rounds: usize, warmup: usize) -> Schedule {
+        Schedule {
+            rounds,
+            slow_rounds: slow_rounds.min(rounds),
+            warmup,
+        }
+    }
+
+    fn runs(&self, slow: bool, round: usize) -> bool {
+        if !slow || round < self.warmup || self.slow_rounds == self.rounds {
+            return true;
+        }
+        let (r, s, n) = (round - self.warmup, self.slow_rounds, self.rounds);
+        (r + 1) * s / n != r * s / n
+    }
+
+    /// "50 rounds per runtime (20 for X and Y, spread evenly through the
+    /// run), interleaved, after 2 untimed warm-up round(s)".
+    fn describe<E: Entry>(&self, entries: &[E]) -> String {
+        let slow: Vec<&str> = entries
+            .iter()
+            .filter(|e| e.slow())
+            .map(|e| e.name())
+            .collect();
+        let fewer = if slow.is_empty() || self.slow_rounds == self.rounds {
+            String::new()
+        } else {
+            format!(
+                " ({} for {}, spread evenly through the run)",
+                self.slow_rounds,
+                slow.join(" and ")
+            )
+        };
+        format!(
+            "{} rounds per runtime{fewer}, interleaved, after {} untimed warm-up round(s)",
+            self.rounds, self.warmup
+        )
+    }
+}
+
+/// Runs `warmup + rounds` rounds; each round calls `one` once per entry
+/// scheduled in it, starting one entry further along the list each time.
+/// Warm-up samples are dropped; failures are kept, warm-up or not.
+fn interleave<E: Entry, T>(
+    entries: &[E],
+    schedule: Schedule,
     label: &str,
-    mut one: impl FnMut(&Runtime, usize) -> Result<T, BenchError>,
+    mut one: impl FnMut(&E, usize) -> Result<T, BenchError>,
 ) -> Vec<Series<T>> {
-    let mut series: Vec<Series<T>> = runtimes.iter().map(|r| Series::new(r.name)).collect();
-    let n = runtimes.len();
-    for round in 0..warmup + rounds {
+    let mut series: Vec<Series<T>> = entries.iter().map(|e| Series::new(e.name())).collect();
+    let n = entries.len();
+    let total = schedule.warmup + schedule.rounds;
+    for round in 0..total {
         for k in 0..n {
             let i = (round + k) % n;
-            let result = one(runtimes[i], round);
-            match result {
-                Ok(v) if round >= warmup => series[i].samples.push(v),
+            if !schedule.runs(entries[i].slow(), round) {
+                continue;
+            }
+            match one(&entries[i], round) {
+                Ok(v) if round >= schedule.warmup => series[i].samples.push(v),
                 Ok(_) => {}
                 Err(e) => {
-                    eprintln!("{label}: {} round {round} failed: {e}", runtimes[i].name);
+                    eprintln!("{label}: {} round {round} failed: {e}", entries[i].name());
                     series[i].failures.push(e.to_string());
                 }
             }
         }
-        if (round + 1) % 10 == 0 || round + 1 == warmup + rounds {
-            eprintln!("{label}: {}/{} rounds", round + 1, warmup + rounds);
+        if (round + 1) % 10 == 0 || round + 1 == total {
+            eprintln!("{label}: {}/{total} rounds", round + 1);
         }
     }
     series
@@ -129,19 +248,60 @@ fn failure_notes<T>(series: &[Series<T>]) -> String {
     out
 }
 
+/// The microvm tier against the raw boot under it, from part (a)'s rows.
+fn overhead_table(rows: &[Row]) -> Option<String> {
+    let get = |name: &str| rows.iter().find(|r| r.name == name).and_then(|r| r.summary);
+    let (vm, floor) = (get(runtimes::MICROVM)?, get(qemu_floor::NAME)?);
+    let diff = |a: Duration, b: Duration| {
+        if a >= b {
+            format!("+{}", ms(a - b))
+        } else {
+            format!("−{}", ms(b - a))
+        }
+    };
+    let ratio = |a: Duration, b: Duration| {
+        if b.is_zero() {
+            "n/a".to_string()
+        } else {
+            format!("{:.2}×", a.as_secs_f64() / b.as_secs_f64())
+        }
+    };
+    Some(format!(
+        "| | median | p90 |\n|---|---:|---:|\n\
+         | {} | {} | {} |\n\
+         | {} | {} | {} |\n\
+         | agentvm's overhead (difference) | {} | {} |\n\
+         | ratio | {} | {} |\n",
+        runtimes::MICROVM,
+        ms(vm.median),
+        ms(vm.p90),
+        qemu_floor::NAME,
+        ms(floor.median),
+        ms(floor.p90),
+        diff(vm.median, floor.median),
+        diff(vm.p90, floor.p90),
+        ratio(vm.median, floor.median),
+        ratio(vm.p90, floor.p90),
+    ))
+}
+
 /// Part (a). Returns the report section and whether every round passed.
-fn oci_part(opts: &Options, runtimes: &[Runtime]) -> anyhow::Result<(String, bool)> {
-    let dir = Path::new(BENCH_DIR);
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {BENCH_DIR}"))?;
-    let ws = oci::Workspace::prepare(dir, &runtimes[0])?;
-    for rt in runtimes {
-        ws.clear_root(rt)?;
-    }
+fn oci_part(
+    opts: &Options,
+    ws: &oci::Workspace,
+    runtimes: &[Runtime],
+    floor: Option<&Floor>,
+) -> anyhow::Result<(String, bool)> {
     reaper::set_subreaper(true)?;
     let pid = std::process::id();
-    let list: Vec<&Runtime> = runtimes.iter().collect();
-    let series = interleave(&list, opts.oci_rounds, opts.warmup, "oci", |rt, round| {
-        oci::round(&ws, rt, &format!("avmb-{}-{pid}-{round}", rt.docker_name))
+    let mut entries: Vec<OciEntry> = runtimes.iter().map(OciEntry::Runtime).collect();
+    entries.extend(floor.map(OciEntry::Floor));
+    let schedule = Schedule::new(opts.oci_rounds, opts.microvm_rounds, opts.warmup);
+    let series = interleave(&entries, schedule, "oci", |entry, round| match entry {
+        OciEntry::Runtime(rt) => {
+            oci::round(ws, rt, &format!("avmb-{}-{pid}-{round}", rt.docker_name))
+        }
+        OciEntry::Floor(f) => f.round(),
     });
     reaper::set_subreaper(false)?;
     reaper::reap_orphans();
@@ -155,30 +315,43 @@ fn oci_part(opts: &Options, runtimes: &[Runtime]) -> anyhow::Result<(String, boo
             let median = |f: fn(&oci::Phases) -> Duration| {
                 summarize(s.samples.iter().map(f)).map(|m| m.median)
             };
+            let lifecycle = s.name != qemu_floor::NAME;
+            let phase = |f: fn(&oci::Phases) -> Duration| median(f).filter(|_| lifecycle);
             let cols = vec![
-                median(|p| p.create),
-                median(|p| p.start),
-                median(|p| p.wait),
-                median(|p| p.delete),
+                phase(|p| p.create),
+                phase(|p| p.start),
+                phase(|p| p.wait),
+                phase(|p| p.delete),
                 median(|p| p.cpu),
             ];
             (s.name, cols)
         })
         .collect();
-    let section = format!(
+    let mut section = format!(
         "## (a) OCI lifecycle: `create` + `start` + wait for exit + `delete` of `/bin/true`\n\n\
-         {} rounds per runtime, interleaved, after {} untimed warm-up round(s). Wall clock of the \
-         whole round:\n\n{}\nMedian of each phase, and of the CPU time (user + system) of all the \
-         round's processes (ratio to runc's median):\n\n{}{}",
-        opts.oci_rounds,
-        opts.warmup,
+         {}. Wall clock of the whole round:\n\n{}\nMedian of each phase, and of the CPU time \
+         (user + system) of all the round's processes (ratio to runc's median):\n\n{}",
+        schedule.describe(&entries),
         ratio_table(&rows),
         phase_table(
             &["create", "start", "wait for exit", "delete", "CPU time"],
             &phases
         ),
-        failure_notes(&series)
     );
+    if let Some(f) = floor {
+        section.push_str(&format!(
+            "\nThe QEMU floor is one boot of the guest kernel to an `/init` that runs \
+             `busybox reboot -f`, QEMU's start to its exit, in the same rounds as the microvm \
+             tier:\n\n```\n{}\n```\n",
+            f.command_line()
+        ));
+        if let Some(table) = overhead_table(&rows) {
+            section.push_str(&format!(
+                "\nThe microvm tier's lifecycle over the raw boot:\n\n{table}"
+            ));
+        }
+    }
+    section.push_str(&failure_notes(&series));
     Ok((section, series.iter().all(|s| s.failures.is_empty())))
 }
 
@@ -208,26 +381,103 @@ fn docker_part(opts: &Options, runtimes: &[Runtime]) -> anyhow::Result<(String, 
             notes.push_str(&format!("\nskipped {}: {why}\n", rt.name));
         }
     }
-    let series = interleave(
-        &list,
-        opts.docker_rounds,
-        opts.warmup.min(1),
-        "docker",
-        |rt, _| docker_run::round(d, rt),
-    );
+    let schedule = Schedule::new(opts.docker_rounds, opts.microvm_rounds, opts.warmup.min(1));
+    let series = interleave(&list, schedule, "docker", |rt, _| docker_run::round(d, rt));
     let rows: Vec<Row> = series.iter().map(|s| Row::from_series(s, |t| *t)).collect();
     let section = format!(
         "## (b) `docker run --rm --runtime RT local/busybox true`\n\n\
-         {} rounds per runtime, interleaved, after {} untimed warm-up round(s), on the tests' own \
-         dockerd (`tests/common/docker.rs`). Wall clock of the `docker` client:\n\n{}{}{}",
-        opts.docker_rounds,
-        opts.warmup.min(1),
+         {}, on the tests' own dockerd (`tests/common/docker.rs`). Wall clock of the `docker` \
+         client:\n\n{}{}{}",
+        schedule.describe(&list),
         ratio_table(&rows),
         notes,
         failure_notes(&series)
     );
     let ok = series.iter().all(|s| s.failures.is_empty());
     Ok((section, ok, docker_run::version(d)))
+}
+
+/// Part (c). Returns the report section and whether every container could
+/// be started and measured.
+fn memory_part(
+    opts: &Options,
+    ws: &oci::Workspace,
+    runtimes: &[Runtime],
+) -> anyhow::Result<(String, bool)> {
+    let bundle = ws.bundle_running("bundle-sleep", &["sleep", "1000"])?;
+    reaper::set_subreaper(true)?;
+    let mut rows = Vec::new();
+    let mut details = String::new();
+    let mut failures = String::new();
+    for rt in runtimes {
+        eprintln!("memory: {} ({} idle containers)", rt.name, opts.idle);
+        let (fps, failed) = match memory::idle(ws, rt, &bundle, opts.idle) {
+            Ok(fps) => (fps, 0),
+            Err(e) => {
+                eprintln!("memory: {} failed: {e}", rt.name);
+                failures.push_str(&format!(
+                    "\n{} failed:\n\n```\n{}\n```\n",
+                    rt.name,
+                    e.to_string().trim()
+                ));
+                (Vec::new(), opts.idle)
+            }
+        };
+        let guest: Vec<u64> = fps.iter().filter_map(|f| f.guest_touched()).collect();
+        rows.push(MemRow {
+            name: rt.name,
+            processes: median_u64(fps.iter().map(|f| f.procs.len() as u64)),
+            rss: median_u64(fps.iter().map(|f| f.rss())),
+            pss: median_u64(fps.iter().map(|f| f.pss())),
+            guest: median_u64(guest),
+            ok: fps.len(),
+            failed,
+        });
+        let by_comm: Vec<_> = fps.iter().map(|f| f.by_comm()).collect();
+        let names: std::collections::BTreeSet<&String> =
+            by_comm.iter().flat_map(|m| m.keys()).collect();
+        if names.len() > 1 {
+            let parts: Vec<String> = names
+                .iter()
+                .map(|name| {
+                    let of =
+                        |i: usize| {
+                            median_u64(by_comm.iter().filter_map(|m| m.get(*name)).map(
+                                |v| match i {
+                                    0 => v.0 as u64,
+                                    1 => v.1,
+                                    _ => v.2,
+                                },
+                            ))
+                            .unwrap_or(0)
+                        };
+                    format!("`{name}` ×{}: {} / {}", of(0), mib(of(1)), mib(of(2)))
+                })
+                .collect();
+            details.push_str(&format!(
+                "\n{}, RSS / PSS per process name (median per container): {}.\n",
+                rt.name,
+                parts.join("; ")
+            ));
+        }
+    }
+    reaper::set_subreaper(false)?;
+    reaper::reap_orphans();
+    let section = format!(
+        "## (c) Host memory per idle container (`sleep 1000`)\n\n\
+         {} containers per runtime running at once, measured {} s after the last `start`; \
+         medians per container of the RSS and PSS summed over the container's pid and all its \
+         descendants (`/proc/PID/smaps_rollup`). Guest RAM touched is QEMU's `RssShmem`: the \
+         guest memory is a memfd QEMU maps shared, so these are the guest pages ever touched \
+         (they are part of QEMU's RSS; virtiofsd maps the same memfd, and PSS splits the pages \
+         both touched). PSS ratios:\n\n{}{}{}",
+        opts.idle,
+        memory::SETTLE.as_secs(),
+        memory_table(&rows),
+        details,
+        failures
+    );
+    Ok((section, failures.is_empty()))
 }
 
 fn run() -> anyhow::Result<bool> {
@@ -238,7 +488,9 @@ fn run() -> anyhow::Result<bool> {
         println!("skipped: the benchmark needs root (container runtimes, dockerd, cgroups)");
         return Ok(true);
     }
-    let (runtimes, skipped) = runtimes::available();
+    let dir = Path::new(BENCH_DIR);
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {BENCH_DIR}"))?;
+    let (runtimes, skipped) = runtimes::available(dir);
     for why in &skipped {
         println!("skipped: {why}");
     }
@@ -257,10 +509,46 @@ fn run() -> anyhow::Result<bool> {
         .iter()
         .map(|r| (r.name.to_string(), r.version()))
         .collect();
+    let accel = runtimes.iter().find_map(Runtime::accelerator);
+    if let Some(accel) = &accel {
+        versions.push(("qemu".into(), qemu_floor::version()));
+        versions.push(("microvm accelerator".into(), accel.clone()));
+    }
+    let floor = if !opts.oci {
+        None
+    } else if accel.is_none() {
+        let why = format!(
+            "{}: the {} entry is skipped",
+            qemu_floor::NAME,
+            runtimes::MICROVM
+        );
+        println!("skipped: {why}");
+        notes.push(format!("skipped: {why}"));
+        None
+    } else {
+        let kvm = accel.as_deref().is_some_and(|a| a.starts_with("kvm"));
+        match common::guest::kernel().and_then(|k| Floor::prepare(dir, &k, kvm)) {
+            Ok(f) => Some(f),
+            Err(why) => {
+                println!("skipped: {}: {why}", qemu_floor::NAME);
+                notes.push(format!("skipped: {}: {why}", qemu_floor::NAME));
+                None
+            }
+        }
+    };
+    let ws = if opts.oci || opts.memory {
+        let ws = oci::Workspace::prepare(dir, &runtimes[0])?;
+        for rt in &runtimes {
+            ws.clear_root(rt)?;
+        }
+        Some(ws)
+    } else {
+        None
+    };
     let mut sections = Vec::new();
     let mut all_ok = true;
-    if opts.oci {
-        let (section, ok) = oci_part(&opts, &runtimes)?;
+    if let (true, Some(ws)) = (opts.oci, &ws) {
+        let (section, ok) = oci_part(&opts, ws, &runtimes, floor.as_ref())?;
         sections.push(section);
         all_ok &= ok;
     }
@@ -269,6 +557,11 @@ fn run() -> anyhow::Result<bool> {
         sections.push(section);
         all_ok &= ok;
         versions.push(("docker".into(), docker_version));
+    }
+    if let (true, Some(ws)) = (opts.memory, &ws) {
+        let (section, ok) = memory_part(&opts, ws, &runtimes)?;
+        sections.push(section);
+        all_ok &= ok;
     }
     let report = render(&versions, &notes, &sections);
     println!("{report}");

@@ -110,6 +110,27 @@ impl Workspace {
         })
     }
 
+    /// A second bundle `name` next to the first, sharing its rootfs, whose
+    /// process runs `args` instead of `/bin/true`.
+    pub fn bundle_running(&self, name: &str, args: &[&str]) -> Result<PathBuf, BenchError> {
+        let bundle = self.dir.join(name);
+        std::fs::create_dir_all(&bundle).map_err(io_err("cannot create", &bundle))?;
+        let config = self.bundle.join("config.json");
+        let text = std::fs::read_to_string(&config).map_err(io_err("cannot read", &config))?;
+        let mut spec: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| BenchError::File {
+                what: "bad JSON in",
+                path: config.clone(),
+                source: e.into(),
+            })?;
+        spec["process"]["args"] = serde_json::json!(args);
+        let rootfs = self.bundle.join("rootfs").display().to_string();
+        spec["root"] = serde_json::json!({ "path": rootfs, "readonly": true });
+        let out = bundle.join("config.json");
+        std::fs::write(&out, spec.to_string()).map_err(io_err("cannot write", &out))?;
+        Ok(bundle)
+    }
+
     /// The state directory (`--root`) of one runtime.
     pub fn root(&self, rt: &Runtime) -> PathBuf {
         self.dir.join(format!("root-{}", rt.docker_name))
@@ -138,7 +159,7 @@ impl Workspace {
 
 /// One runtime command of a round; its stderr (and the container's) goes to
 /// `log`, which is shown if it fails.
-fn invoke(
+pub fn invoke(
     rt: &Runtime,
     root: &Path,
     args: &[&std::ffi::OsStr],

@@ -137,3 +137,65 @@ pub fn phase_table(phases: &[&str], rows: &[(&'static str, Vec<Option<Duration>>
     }
     out
 }
+
+/// Median of integers (mean of the two middle ones for an even count).
+pub fn median_u64(values: impl IntoIterator<Item = u64>) -> Option<u64> {
+    let mut v: Vec<u64> = values.into_iter().collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2
+    })
+}
+
+/// KiB as MiB, one decimal.
+pub fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+/// One row of the idle-memory table: medians per container, in KiB.
+pub struct MemRow {
+    pub name: &'static str,
+    pub processes: Option<u64>,
+    pub rss: Option<u64>,
+    pub pss: Option<u64>,
+    /// Guest pages touched (microVMs only).
+    pub guest: Option<u64>,
+    pub ok: usize,
+    pub failed: usize,
+}
+
+/// The table of idle memory, PSS compared with runc's and crun's.
+pub fn memory_table(rows: &[MemRow]) -> String {
+    let base = |name: &str| rows.iter().find(|r| r.name == name).and_then(|r| r.pss);
+    let (runc, crun) = (base(REFERENCE), base(FAST_PEER));
+    let times = |v: u64, b: Option<u64>| match b {
+        Some(b) if b > 0 => format!("{:.1}×", v as f64 / b as f64),
+        _ => "n/a".to_string(),
+    };
+    let dash = || "–".to_string();
+    let mut out = String::from(
+        "| runtime | processes | RSS | PSS | guest RAM touched | PSS ÷ runc | PSS ÷ crun | containers ok / failed |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} |\n",
+            r.name,
+            r.processes.map_or_else(dash, |p| p.to_string()),
+            r.rss.map_or_else(dash, mib),
+            r.pss.map_or_else(dash, mib),
+            r.guest.map_or_else(dash, mib),
+            r.pss.map_or_else(dash, |p| times(p, runc)),
+            r.pss.map_or_else(dash, |p| times(p, crun)),
+            r.ok,
+            r.failed
+        ));
+    }
+    out
+}

@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use clap::Args;
 use libcgroups::common::CgroupManager;
+use libcgroups::stats::Stats;
 use libcontainer::container::ContainerStatus;
 
 use crate::container::{cgroup_manager, load};
 use crate::context::Context;
 use crate::state::{lock_container, LockMode};
-
-const COMMAND: &str = "events";
 
 #[derive(Args, Debug)]
 pub struct EventsArgs {
@@ -58,33 +57,25 @@ fn parse_interval(s: &str) -> anyhow::Result<Duration> {
 pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
     crate::bundle::validate_id(&args.id)?;
     let interval = parse_interval(&args.interval)?;
-    if crate::state::tier_of(&ctx.root, &args.id)? == crate::config::Isolation::Microvm {
-        anyhow::bail!(
-            "container {}: `{}` is not implemented for the microvm tier yet",
-            args.id,
-            COMMAND
-        );
-    }
+    let microvm = crate::state::tier_of(&ctx.root, &args.id)? == crate::config::Isolation::Microvm;
     let mut out = std::io::stdout().lock();
     loop {
-        let line = {
-            let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
-            let container = load(ctx, &args.id)?;
-            if container.status() == ContainerStatus::Stopped {
-                if args.stats {
-                    anyhow::bail!("container {} is not running", args.id);
-                }
-                return Ok(());
-            }
-            let stats = cgroup_manager(&container)?
-                .stats()
-                .map_err(|e| anyhow::anyhow!("cannot read stats of {}: {e}", args.id))?;
-            serde_json::to_string(&Event {
-                kind: "stats",
-                id: &args.id,
-                data: stats,
-            })?
+        let stats = if microvm {
+            microvm_sample(ctx, &args.id)?
+        } else {
+            container_sample(ctx, &args.id)?
         };
+        let Some(stats) = stats else {
+            if args.stats {
+                anyhow::bail!("container {} is not running", args.id);
+            }
+            return Ok(());
+        };
+        let line = serde_json::to_string(&Event {
+            kind: "stats",
+            id: &args.id,
+            data: stats,
+        })?;
         // A reader that went away (e.g. `| head`) ends the stream quietly.
         if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
             return Ok(());
@@ -94,6 +85,45 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
         }
         std::thread::sleep(interval);
     }
+}
+
+/// The container tier: the container's cgroup; `None` once it stopped.
+fn container_sample(ctx: &Context, id: &str) -> anyhow::Result<Option<Stats>> {
+    let _lock = lock_container(&ctx.root, id, LockMode::Shared)?;
+    let container = load(ctx, id)?;
+    if container.status() == ContainerStatus::Stopped {
+        return Ok(None);
+    }
+    let stats = cgroup_manager(&container)?
+        .stats()
+        .map_err(|e| anyhow::anyhow!("cannot read stats of {id}: {e}"))?;
+    Ok(Some(stats))
+}
+
+/// The microvm tier: what the guest reports of the container's cgroup in
+/// the guest, in the same shape; the memory limit is the guest's RAM.
+fn microvm_sample(ctx: &Context, id: &str) -> anyhow::Result<Option<Stats>> {
+    let guest = {
+        let _lock = lock_container(&ctx.root, id, LockMode::Shared)?;
+        match crate::microvm::state(ctx, id)?.status {
+            "running" => {}
+            "paused" => {
+                anyhow::bail!("container {id} is paused: a frozen microVM cannot report its stats")
+            }
+            _ => return Ok(None),
+        }
+        crate::microvm::stats(ctx, id)?
+    };
+    let mut stats = Stats::default();
+    stats.cpu.usage.usage_total = guest.cpu_usage_ns;
+    stats.memory.memory.usage = guest.memory_usage_bytes;
+    stats.memory.memory.limit = guest.memory_total_bytes;
+    stats.memory.stats.extend([
+        ("guest_total".to_string(), guest.memory_total_bytes),
+        ("guest_available".to_string(), guest.memory_available_bytes),
+    ]);
+    stats.pids.current = guest.pids;
+    Ok(Some(stats))
 }
 
 #[cfg(test)]

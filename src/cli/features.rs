@@ -115,7 +115,8 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
     let (default_tier, source) = config.select_isolation(global.isolation, None)?;
     let microvm = match crate::microvm::host::Host::probe(&config) {
         Ok(h) => format!(
-            "available: qemu microvm, {} ({}); exec, update and events are not implemented yet",
+            "available: qemu microvm, {} ({}); not implemented yet: networking (the guest has \
+             loopback only), joining host namespaces by path, update of vCPUs/RAM after create",
             h.accel.as_str(),
             h.accel_reason
         ),

@@ -5,16 +5,13 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Args;
-use libcgroups::common::{CgroupManager, ControllerOpt};
 use oci_spec::runtime::{
     LinuxBlockIoBuilder, LinuxMemoryBuilder, LinuxPidsBuilder, LinuxResources,
 };
 
-use crate::container::{cgroup_manager, load};
+use crate::container::load;
 use crate::context::Context;
 use crate::state::{lock_container, LockMode};
-
-const COMMAND: &str = "update";
 
 #[derive(Args, Debug)]
 pub struct UpdateArgs {
@@ -165,21 +162,11 @@ pub fn run(ctx: &Context, args: UpdateArgs) -> anyhow::Result<()> {
     let resources = merge_flags(&args, base)?;
     let _lock = lock_container(&ctx.root, &args.id, LockMode::Exclusive)?;
     if crate::state::tier_of(&ctx.root, &args.id)? == crate::config::Isolation::Microvm {
-        anyhow::bail!(
-            "container {}: `{}` is not implemented for the microvm tier yet",
-            args.id,
-            COMMAND
-        );
+        crate::microvm::update(ctx, &args.id, &resources)?;
+        return Ok(());
     }
     let container = load(ctx, &args.id)?;
-    let cm = cgroup_manager(&container)?;
-    cm.apply(&ControllerOpt {
-        resources: &resources,
-        disable_oom_killer: false,
-        oom_score_adj: None,
-        freezer_state: None,
-    })
-    .map_err(|e| anyhow::anyhow!("cannot update container {}: {e}", args.id))?;
+    crate::container::update(&container, &resources)?;
     Ok(())
 }
 

@@ -111,13 +111,17 @@ fn build(
 }
 
 /// What libcontainer left out, done while the init waits for `start`: the
-/// mounts' flags and propagation, and the terminal's size.
+/// mounts' flags and propagation, loopback in a new network namespace, and
+/// the terminal's size.
 fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), TierError> {
     let pid = container
         .pid()
         .ok_or_else(|| TierError::Libcontainer("the created container has no init pid".into()))?
         .as_raw();
     fixup::apply(pid, &fixup::plan(&bundle.spec))?;
+    if fixup::new_network_namespace(&bundle.spec) {
+        fixup::loopback_up(pid)?;
+    }
     if let Some((rows, cols)) = console::wanted(bundle.spec.process().as_ref())? {
         console::apply_to_init(pid, rows, cols)?;
     }

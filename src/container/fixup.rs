@@ -17,13 +17,17 @@
 //! the recursive `r`-options). Attributes are only ever added, and a spec
 //! mount hidden by a later one is skipped. Any failure fails `create`: a
 //! container must not run with weaker mounts than it asked for.
+//!
+//! libcontainer also leaves the loopback interface of a new network
+//! namespace down, where runc brings it up: [`loopback_up`] does that from
+//! a thread that joins the init's network namespace.
 
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
-use oci_spec::runtime::{Mount, Spec};
+use oci_spec::runtime::{LinuxNamespaceType, Mount, Spec};
 
 use super::sys;
 
@@ -43,6 +47,8 @@ pub enum FixupError {
     },
     #[error("the mount fix-up thread panicked")]
     Panicked,
+    #[error("cannot bring up the loopback interface of the container's network namespace: {0}")]
+    Loopback(io::Error),
 }
 
 /// What one spec mount needs beyond what libcontainer gave it.
@@ -183,6 +189,42 @@ pub fn apply(pid: i32, fixes: &[MountFix]) -> Result<(), FixupError> {
         .join()
         .unwrap_or(Err(FixupError::Panicked))
     })
+}
+
+/// Whether the spec asks for a new network namespace (one not joined by
+/// path), whose loopback interface the runtime brings up.
+pub fn new_network_namespace(spec: &Spec) -> bool {
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_ref())
+        .is_some_and(|nss| {
+            nss.iter()
+                .any(|n| n.typ() == LinuxNamespaceType::Network && n.path().is_none())
+        })
+}
+
+/// Brings up `lo` in the network namespace of the container whose init is
+/// `pid`, as runc does for a new network namespace.
+pub fn loopback_up(pid: i32) -> Result<(), FixupError> {
+    let path = PathBuf::from(format!("/proc/{pid}/ns/net"));
+    let ns = std::fs::File::open(&path)
+        .map(OwnedFd::from)
+        .map_err(|source| FixupError::Proc { path, source })?;
+    // setns() changes the calling thread only; this thread ends right after.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            sys::enter_network_namespace(ns.as_fd())
+                .and_then(|()| sys::loopback_up())
+                .map_err(FixupError::Loopback)
+        })
+        .join()
+        .unwrap_or(Err(FixupError::Panicked))
+    })
+}
+
+/// `ip link set lo up` in the caller's own network namespace.
+pub fn loopback_up_here() -> io::Result<()> {
+    sys::loopback_up()
 }
 
 fn same_file(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> bool {
@@ -505,6 +547,80 @@ mod tests {
         assert!(matches!(plain, FixupError::Setattr { .. }), "{plain}");
         let root_opts = ns.mount(Path::new("/")).0;
         assert!(root_opts.contains(&"rw".to_string()), "{root_opts:?}");
+    }
+
+    #[test]
+    fn only_a_new_network_namespace_asks_for_loopback() {
+        let spec = |nss: serde_json::Value| -> Spec {
+            serde_json::from_value(serde_json::json!({
+                "ociVersion": "1.0.2",
+                "root": {"path": "rootfs"},
+                "linux": {"namespaces": nss}
+            }))
+            .unwrap()
+        };
+        assert!(new_network_namespace(&spec(serde_json::json!([
+            {"type": "pid"}, {"type": "network"}
+        ]))));
+        assert!(!new_network_namespace(&spec(serde_json::json!([
+            {"type": "network", "path": "/var/run/netns/x"}
+        ]))));
+        assert!(!new_network_namespace(&spec(
+            serde_json::json!([{"type": "pid"}])
+        )));
+    }
+
+    /// `lo`'s flags in the network namespace of `pid`, as `ip` shows them.
+    fn lo_flags(pid: i32) -> Option<String> {
+        let out = std::process::Command::new("nsenter")
+            .args([
+                "-t",
+                &pid.to_string(),
+                "-n",
+                "ip",
+                "-o",
+                "link",
+                "show",
+                "lo",
+            ])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let flags = text.split('<').nth(1)?.split('>').next()?;
+        out.status.success().then(|| flags.to_string())
+    }
+
+    #[test]
+    fn loopback_comes_up_in_the_containers_network_namespace() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: network namespaces need root");
+            return;
+        }
+        let Ok(mut child) = std::process::Command::new("/usr/bin/unshare")
+            .args(["--net", "/bin/sh", "-c", "echo ready && read x"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+        else {
+            eprintln!("skipped: cannot start a shell in a new network namespace");
+            return;
+        };
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        let pid = child.id() as i32;
+        let before = lo_flags(pid);
+        let result = loopback_up(pid);
+        let after = lo_flags(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        let (Some(before), Some(after)) = (before, after) else {
+            eprintln!("skipped: nsenter or ip is missing");
+            return;
+        };
+        result.unwrap();
+        assert!(!before.split(',').any(|f| f == "UP"), "{before}");
+        assert!(after.split(',').any(|f| f == "UP"), "{after}");
     }
 
     #[test]

@@ -145,6 +145,24 @@ pub fn cgroup_manager(container: &Container) -> Result<AnyCgroupManager, TierErr
     })
 }
 
+/// Applies new cgroup limits to a container (`update`).
+pub fn update(
+    container: &Container,
+    resources: &oci_spec::runtime::LinuxResources,
+) -> Result<(), TierError> {
+    cgroup_manager(container)?
+        .apply(&libcgroups::common::ControllerOpt {
+            resources,
+            disable_oom_killer: false,
+            oom_score_adj: None,
+            freezer_state: None,
+        })
+        .map_err(|e| TierError::Cgroup {
+            id: container.id().to_string(),
+            message: format!("cannot update: {e}"),
+        })
+}
+
 /// Pids in the container's cgroup.
 pub fn pids(container: &Container) -> Result<Vec<Pid>, TierError> {
     cgroup_manager(container)?

@@ -1,7 +1,8 @@
 //! Thin wrappers over the Linux system calls the container tier's own
 //! fix-ups need and that neither `nix` 0.29 nor `std` expose: `openat2`
-//! (path resolution confined to a directory) and `mount_setattr` (mount
-//! flags and propagation on one mount or a whole subtree).
+//! (path resolution confined to a directory), `mount_setattr` (mount
+//! flags and propagation on one mount or a whole subtree) and the
+//! interface-flags ioctl that brings up loopback.
 
 use std::ffi::CString;
 use std::io;
@@ -197,6 +198,43 @@ pub fn enter_mount_namespace(ns: BorrowedFd<'_>) -> io::Result<()> {
     }
     // SAFETY: setns takes a descriptor we borrow for the call only.
     if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `setns(fd, CLONE_NEWNET)` for the calling thread. Only for a dedicated
+/// thread that exits afterwards.
+pub fn enter_network_namespace(ns: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: setns takes a descriptor we borrow for the call only.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `ip link set lo up` in the calling thread's network namespace.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket(2) takes no pointers; the result is checked below.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor that we now own.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS fills the flags of the ifreq we pass.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFFLAGS succeeded, so the union holds ifru_flags.
+    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads the ifreq we pass.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

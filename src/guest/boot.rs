@@ -2,7 +2,7 @@
 //! mount, the API filesystems, cgroup2 controllers, loopback, the virtio-fs
 //! share and the control port.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -300,35 +300,21 @@ fn enable_cgroup_controllers() -> Result<(), String> {
     }
 }
 
-/// `ip link set lo up`.
+/// `ip link set lo up` in the guest's own network namespace.
 fn loopback_up() -> std::io::Result<()> {
-    // SAFETY: socket(2) takes no pointers; the result is checked below.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh descriptor that we now own.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS fills the flags of the ifreq we pass.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: SIOCGIFFLAGS succeeded, so the union holds ifru_flags.
-    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
-    // SAFETY: SIOCSIFFLAGS reads the ifreq we pass.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    crate::container::fixup::loopback_up_here()
 }
 
 /// Mounts the host's virtio-fs share. A failure is kept as a message for
 /// `create` rather than ending the VM, so the host learns why.
+///
+/// The share is made a shared mount, as a host's `/` is under systemd, so
+/// that the container's `rslave`/`rshared` bind mounts of its directories
+/// get the propagation they ask for (of a private source, a slave bind
+/// would be private). Each staged directory the host mounted shows up as a
+/// virtio-fs submount on first access: they are reached here first, so
+/// that they exist, shared, before the container's mount namespace copies
+/// them (made there, they would be private).
 fn mount_share() -> Result<(), String> {
     mkdir(SHARE_MOUNT, 0o755).map_err(|e| e.to_string())?;
     mount(
@@ -338,7 +324,26 @@ fn mount_share() -> Result<(), String> {
         MsFlags::empty(),
         None::<&str>,
     )
-    .map_err(|e| format!("cannot mount the virtio-fs share {SHARE_TAG:?} on {SHARE_MOUNT}: {e}"))
+    .map_err(|e| format!("cannot mount the virtio-fs share {SHARE_TAG:?} on {SHARE_MOUNT}: {e}"))?;
+    if let Ok(entries) = std::fs::read_dir(SHARE_MOUNT) {
+        for entry in entries.flatten() {
+            // Opening (not stat) triggers an automount. A failure only
+            // leaves that submount to be made later, private.
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => drop(std::fs::read_dir(entry.path())),
+                Ok(t) if t.is_file() => drop(std::fs::File::open(entry.path())),
+                _ => {}
+            }
+        }
+    }
+    mount(
+        None::<&str>,
+        SHARE_MOUNT,
+        None::<&str>,
+        MsFlags::MS_SHARED | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| format!("cannot make the virtio-fs share on {SHARE_MOUNT} shared: {e}"))
 }
 
 /// Finds `/dev/vportNpM` whose sysfs name is [`PORT_NAME`]; never by number.

@@ -22,6 +22,7 @@
 mod agent;
 mod boot;
 mod console;
+mod hooks;
 mod port;
 mod requests;
 mod stream;

@@ -63,11 +63,13 @@ impl Agent {
         let result = match msg {
             HostMessage::Create { spec } => self.create(spec),
             HostMessage::Start => self.start(),
+            HostMessage::RunHooks { hooks, state } => self.run_hooks(hooks, state),
             HostMessage::Exec { id, process } => self.exec(id, process),
             HostMessage::Signal { id, signal, all } => self.signal(id, signal, all),
             HostMessage::Resize { id, rows, cols } => self.resize(id, rows, cols),
             HostMessage::Ps => self.ps(),
             HostMessage::Stats => self.stats(),
+            HostMessage::Update { resources } => self.update(resources),
             HostMessage::Shutdown => Ok(Reply::Ok),
         };
         result.unwrap_or_else(|e| Reply::Error {
@@ -255,6 +257,14 @@ impl Agent {
         Ok(Reply::Pids {
             pids: pids.into_iter().map(|p| p.as_raw()).collect(),
         })
+    }
+
+    fn update(&mut self, resources: serde_json::Value) -> Result<Reply, RequestError> {
+        let resources: oci_spec::runtime::LinuxResources = serde_json::from_value(resources)
+            .map_err(|e| RequestError::Refused(format!("invalid resources: {e}")))?;
+        let container = crate::container::load(&self.ctx, CONTAINER_ID)?;
+        crate::container::update(&container, &resources)?;
+        Ok(Reply::Ok)
     }
 
     fn stats(&mut self) -> Result<Reply, RequestError> {

@@ -16,10 +16,19 @@ use super::protocol::{Frame, ProtocolError, Reply};
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum SupervisorRequest {
     Start,
-    Signal { signal: i32, all: bool },
+    Signal {
+        signal: i32,
+        all: bool,
+    },
     Ps,
     Stats,
-    Exec { process: serde_json::Value },
+    Exec {
+        process: serde_json::Value,
+    },
+    /// New cgroup limits for the container in the guest.
+    Update {
+        resources: serde_json::Value,
+    },
 }
 
 /// Control frames an exec relay sends after the exec started.

@@ -7,7 +7,7 @@
 //! pid sees the guest process's life and exit status, as with runc.
 
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -136,6 +136,11 @@ fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result
             // with a pty, takes it as its controlling terminal so resizes
             // arrive as SIGWINCH.
             let _ = nix::unistd::setsid();
+            if matches!(io, Io::Pty(_)) {
+                // The process's stdio is the pty: let go of the caller's
+                // pipes, which it reads until EOF (containerd's shim does).
+                detach_stdio();
+            }
             let status = relay(conn, &io);
             super::exit_like(status)
         }
@@ -267,6 +272,21 @@ fn spawn_input(mut input: Box<dyn Read + Send>, writer: Arc<Mutex<UnixStream>>) 
             }
         }
     });
+}
+
+/// Points fds 0-2 at /dev/null.
+fn detach_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for fd in 0..=2 {
+            // SAFETY: dup2 onto the standard descriptors, which this
+            // process owns; `null` stays open for the call.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
 }
 
 /// Puts our stdin in raw mode when it is a terminal (a foreground `exec -t`

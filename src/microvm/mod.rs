@@ -122,6 +122,8 @@ fn start_supervisor(
         exit_status: None,
         accel: String::new(),
         paused: false,
+        vcpus: 0,
+        memory_mib: 0,
     };
     state.save(dir)?;
 
@@ -144,6 +146,13 @@ fn start_supervisor(
     cmd.arg("supervise").arg(id);
     if let Some(sock) = opts.console_socket {
         cmd.arg("--console-socket").arg(sock);
+        // With a terminal the workload's stdio is the pty, as with runc,
+        // whose init swaps its stdio for the pty: a caller that reads our
+        // output until EOF (containerd's shim does) must not wait on the
+        // supervisor.
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
     }
     let fd = sync_write.as_raw_fd();
     // SAFETY: between fork and exec only async-signal-safe calls: setsid
@@ -294,6 +303,36 @@ pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
 pub fn ps(ctx: &Context, id: &str) -> Result<Vec<i32>> {
     match ask(ctx, id, SupervisorRequest::Ps)? {
         Reply::Pids { pids } => Ok(pids),
+        other => Err(failed(format!("unexpected reply {other:?}"))),
+    }
+}
+
+/// `update`: the container's cgroup limits inside the guest change; what
+/// sizes the VM itself (vCPUs, RAM) is fixed at boot and refused.
+pub fn update(
+    ctx: &Context,
+    id: &str,
+    resources: &oci_spec::runtime::LinuxResources,
+) -> Result<()> {
+    let s = load(ctx, id)?;
+    let status = s.effective_status();
+    if status != Status::Running || s.paused {
+        return Err(failed(format!(
+            "cannot update container {id}: it is {}, not running",
+            status_name(status, s.paused)
+        )));
+    }
+    spec::check_update(resources, s.vcpus, s.memory_mib).map_err(failed)?;
+    let resources = serde_json::to_value(resources)
+        .map_err(|e| failed(format!("cannot encode resources: {e}")))?;
+    ask(ctx, id, SupervisorRequest::Update { resources })?;
+    Ok(())
+}
+
+/// The container's resource use as the guest measures it.
+pub fn stats(ctx: &Context, id: &str) -> Result<protocol::GuestStats> {
+    match ask(ctx, id, SupervisorRequest::Stats)? {
+        Reply::Stats { stats } => Ok(stats),
         other => Err(failed(format!("unexpected reply {other:?}"))),
     }
 }

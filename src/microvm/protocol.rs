@@ -229,6 +229,15 @@ pub enum HostMessage {
     Create { spec: serde_json::Value },
     /// Start the created container's process. Reply: `Ok`.
     Start,
+    /// Run OCI hooks (a JSON list of `{path, args, env, timeout}`) in order
+    /// in the created container's namespaces, each with `state` (the OCI
+    /// state as the host shows it) on its stdin: the startContainer hooks,
+    /// sent just before `Start`. Reply: `Ok`, or `Error` naming the hook
+    /// that failed.
+    RunHooks {
+        hooks: serde_json::Value,
+        state: serde_json::Value,
+    },
     /// Run a process (an OCI `process` object) in the container as stream
     /// `id` (> 0). Reply: `Started { pid }`.
     Exec { id: u32, process: serde_json::Value },
@@ -241,6 +250,9 @@ pub enum HostMessage {
     Ps,
     /// Guest memory and CPU use. Reply: `Stats`.
     Stats,
+    /// Change the container's cgroup limits in the guest (an OCI
+    /// `linux.resources` object). Reply: `Ok`.
+    Update { resources: serde_json::Value },
     /// Kill everything, sync and power off. Reply: `Ok`, then the VM ends.
     Shutdown,
 }

@@ -50,6 +50,44 @@ impl GuestPlan {
     }
 }
 
+/// Refuses an `update` that would need a bigger VM than the one booted:
+/// vCPUs and RAM are fixed at create (no hotplug), limits within them are
+/// applied in the guest.
+pub fn check_update(
+    resources: &oci_spec::runtime::LinuxResources,
+    vcpus: u32,
+    memory_mib: u64,
+) -> Result<(), String> {
+    if let Some(limit) = resources
+        .memory()
+        .as_ref()
+        .and_then(|m| m.limit())
+        .filter(|l| *l > 0)
+    {
+        let room = memory_mib.saturating_sub(MEMORY_OVERHEAD_MIB);
+        if vcpus > 0 && (limit as u64).div_ceil(1 << 20) > room {
+            return Err(format!(
+                "memory limit {} MiB exceeds what this microVM was booted with ({room} MiB for the \
+                 container): guest RAM is fixed at create",
+                (limit as u64).div_ceil(1 << 20)
+            ));
+        }
+    }
+    let cpu = resources.cpu().as_ref();
+    if let (Some(q), Some(p)) = (
+        cpu.and_then(|c| c.quota()).filter(|q| *q > 0),
+        cpu.and_then(|c| c.period()).filter(|p| *p > 0),
+    ) {
+        let wanted = (q as u64).div_ceil(p);
+        if vcpus > 0 && wanted > u64::from(vcpus) {
+            return Err(format!(
+                "a CPU quota of {wanted} CPUs exceeds this microVM's {vcpus} vCPUs, fixed at create"
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn is_bind(m: &Value) -> bool {
     m.get("type").and_then(Value::as_str) == Some("bind")
         || m.get("options")
@@ -133,6 +171,15 @@ pub fn plan(
                         path.as_str().unwrap_or("?")
                     ));
                 }
+            }
+            // The guest is the container's alone: it always gets a cgroup
+            // namespace, so it sees its own limits at /sys/fs/cgroup as
+            // with Docker on a cgroup v2 host, whatever the host runs.
+            if !nss
+                .iter()
+                .any(|ns| ns.get("type") == Some(&Value::from("cgroup")))
+            {
+                nss.push(serde_json::json!({ "type": "cgroup" }));
             }
         }
         linux.insert("cgroupsPath".into(), Value::String("/agentvm".into()));

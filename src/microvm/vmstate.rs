@@ -40,6 +40,11 @@ pub struct VmState {
     pub accel: String,
     #[serde(default)]
     pub paused: bool,
+    /// The VM's size, fixed at boot (0 until it booted).
+    #[serde(default)]
+    pub vcpus: u32,
+    #[serde(default)]
+    pub memory_mib: u64,
 }
 
 impl VmState {

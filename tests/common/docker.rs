@@ -78,9 +78,27 @@ fn microvm_config() -> String {
     path.display().to_string()
 }
 
+/// The path the daemon runs agentvm by: a symlink to the binary of the
+/// current test run. dockerd reads its config only at start, so naming
+/// each build's own path there would restart the shared daemon whenever a
+/// debug and a release run (tests, benchmark) alternate, under the feet
+/// of whatever else uses it; the link changes without a restart.
+fn stable_agentvm_path() -> PathBuf {
+    let link = run_dir().join("bin/agentvm");
+    std::fs::create_dir_all(run_dir().join("bin")).expect("create bin dir");
+    let target = agentvm_bin();
+    if std::fs::read_link(&link).ok().as_deref() != Some(target.as_path()) {
+        let tmp = run_dir().join(format!("bin/.agentvm.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&target, &tmp).expect("symlink agentvm");
+        std::fs::rename(&tmp, &link).expect("replace agentvm link");
+    }
+    link
+}
+
 /// The daemon config: the agentvm runtimes as Docker users register them.
 fn daemon_config() -> String {
-    let bin = agentvm_bin();
+    let bin = stable_agentvm_path();
     let mut runtimes = serde_json::json!({
         "agentvm-container": { "path": bin, "runtimeArgs": ["--isolation=container"] },
         "agentvm": { "path": bin, "runtimeArgs": ["--config", microvm_config()] },

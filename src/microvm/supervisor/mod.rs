@@ -245,6 +245,14 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             return Err(e);
         }
     }
+    // createContainer hooks resolve in the runtime's namespaces and run in
+    // the container's: for a VM, the host side of those is the supervisor,
+    // which is in the container's network namespace and cgroup (what runs
+    // in the guest kernel cannot be reached from a host binary).
+    if let Err(e) = serve::run_hooks(&spec, &state, &["createContainer"]) {
+        vm.kill();
+        return Err(SupervisorError::Other(e));
+    }
     let cli_path = dir.join(super::vmstate::SUPERVISOR_SOCKET);
     let cli = match super::sock::bind(dir, super::vmstate::SUPERVISOR_SOCKET) {
         Ok(l) => l,
@@ -257,6 +265,8 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         }
     };
     state.status = Status::Created;
+    state.vcpus = plan.vcpus;
+    state.memory_mib = plan.memory_mib;
     state.save(dir)?;
     Ok(Booted {
         vm,

@@ -91,6 +91,7 @@ pub fn run_hooks(spec: &Value, state: &VmState, kinds: &[&str]) -> Result<(), St
         let list = match *kind {
             "prestart" => hooks.prestart(),
             "createRuntime" => hooks.create_runtime(),
+            "createContainer" => hooks.create_container(),
             "poststart" => hooks.poststart(),
             "poststop" => hooks.poststop(),
             _ => &None,
@@ -459,7 +460,14 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
     };
     let reply = match &req {
         SupervisorRequest::Start => {
-            let r = shared.request(&HostMessage::Start);
+            let r = match start_container_hooks(&shared.dir) {
+                Ok(None) => shared.request(&HostMessage::Start),
+                Ok(Some(hooks)) => match shared.request(&hooks) {
+                    Ok(Reply::Ok) => shared.request(&HostMessage::Start),
+                    other => other,
+                },
+                Err(message) => Ok(Reply::Error { message }),
+            };
             if matches!(r, Ok(Reply::Ok)) {
                 if let Ok(mut s) = VmState::load(&shared.dir) {
                     s.status = Status::Running;
@@ -475,12 +483,48 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
         }),
         SupervisorRequest::Ps => shared.request(&HostMessage::Ps),
         SupervisorRequest::Stats => shared.request(&HostMessage::Stats),
+        SupervisorRequest::Update { resources } => shared.request(&HostMessage::Update {
+            resources: resources.clone(),
+        }),
         SupervisorRequest::Exec { process } => {
             return exec(shared, conn, process.clone());
         }
     };
     let reply = reply.unwrap_or_else(|message| Reply::Error { message });
     let _ = Frame::control(&reply).write_to(&mut conn);
+}
+
+/// The request that runs the spec's startContainer hooks in the guest,
+/// with the state `agentvm state` shows (the supervisor as the pid), or
+/// `None` when the spec has none.
+fn start_container_hooks(dir: &std::path::Path) -> Result<Option<HostMessage>, String> {
+    let state = VmState::load(dir).map_err(|e| e.to_string())?;
+    let config = state.bundle.join("config.json");
+    let spec: Value = std::fs::read(&config)
+        .map_err(|e| format!("cannot read {}: {e}", config.display()))
+        .and_then(|t| {
+            serde_json::from_slice(&t).map_err(|e| format!("{}: {e}", config.display()))
+        })?;
+    let hooks = &spec["hooks"]["startContainer"];
+    if hooks.as_array().is_none_or(|h| h.is_empty()) {
+        return Ok(None);
+    }
+    let mut oci = serde_json::json!({
+        "ociVersion": oci_spec::runtime::VERSION,
+        "id": state.id,
+        "status": "created",
+        "bundle": state.bundle,
+    });
+    if let Some(pid) = state.supervisor_pid {
+        oci["pid"] = pid.into();
+    }
+    if !state.annotations.is_empty() {
+        oci["annotations"] = serde_json::to_value(&state.annotations).map_err(|e| e.to_string())?;
+    }
+    Ok(Some(HostMessage::RunHooks {
+        hooks: hooks.clone(),
+        state: oci,
+    }))
 }
 
 /// Starts an exec'd process and turns the connection into its stream.

@@ -24,12 +24,20 @@ pub enum Line {
 impl Line {
     /// Parses one output line; lines that are not check results give `None`.
     pub fn parse(line: &str) -> Option<Line> {
+        Line::parse_known(line, &[])
+    }
+
+    /// As [`Line::parse`], knowing the names of the checks asked for: a
+    /// name may itself contain ": " ("no net namespace: the host's"), so the
+    /// longest known name that the line starts with wins over the first
+    /// ": ".
+    pub fn parse_known(line: &str, names: &[&str]) -> Option<Line> {
         let line = line.trim_end_matches(['\r', '\n']);
         if let Some(rest) = line.strip_prefix("not ok ") {
-            let (name, detail) = split_detail(rest);
+            let (name, detail) = split_detail(rest, names);
             Some(Line::NotOk(name, detail))
         } else if let Some(rest) = line.strip_prefix("skip ") {
-            let (name, detail) = split_detail(rest);
+            let (name, detail) = split_detail(rest, names);
             Some(Line::Skip(name, detail))
         } else {
             line.strip_prefix("ok ")
@@ -47,8 +55,25 @@ impl Line {
     }
 }
 
-/// Check names never contain ": ", so the first one separates the detail.
-fn split_detail(rest: &str) -> (String, String) {
+/// The name and the detail of `NAME: detail`: the longest of `names` that
+/// fits, else everything before the first ": ".
+fn split_detail(rest: &str, names: &[&str]) -> (String, String) {
+    let known = names
+        .iter()
+        .map(|n| n.trim())
+        .filter(|n| !n.is_empty())
+        .filter_map(|n| {
+            let after = rest.strip_prefix(n)?;
+            if after.trim().is_empty() {
+                Some((n, ""))
+            } else {
+                after.strip_prefix(": ").map(|d| (n, d))
+            }
+        })
+        .max_by_key(|(n, _)| n.len());
+    if let Some((name, detail)) = known {
+        return (name.to_string(), detail.to_string());
+    }
     match rest.split_once(": ") {
         Some((name, detail)) => (name.trim().to_string(), detail.to_string()),
         None => (rest.trim().to_string(), String::new()),
@@ -71,6 +96,26 @@ mod tests {
             Some(Line::Skip("kcore".into(), "absent".into()))
         );
         assert_eq!(Line::parse("hello"), None);
+    }
+
+    #[test]
+    fn known_names_may_contain_the_separator() {
+        let names = ["no net namespace: the host's", "no net namespace"];
+        assert_eq!(
+            Line::parse_known("not ok no net namespace: the host's: net is x", &names),
+            Some(Line::NotOk(
+                "no net namespace: the host's".into(),
+                "net is x".into()
+            ))
+        );
+        assert_eq!(
+            Line::parse_known("skip no net namespace: absent", &names),
+            Some(Line::Skip("no net namespace".into(), "absent".into()))
+        );
+        assert_eq!(
+            Line::parse_known("not ok other: a: b", &names),
+            Some(Line::NotOk("other".into(), "a: b".into()))
+        );
     }
 
     #[test]

@@ -184,7 +184,8 @@ impl<'a> Ctx<'a> {
     /// with no line fail with `why`.
     pub fn record_lines(&mut self, exp: &Expectations, output: &str, why: &str) {
         let mut seen: HashMap<String, Outcome> = HashMap::new();
-        for l in output.lines().filter_map(Line::parse) {
+        let names: Vec<&str> = exp.checks.iter().map(|e| e.name.as_str()).collect();
+        for l in output.lines().filter_map(|l| Line::parse_known(l, &names)) {
             let (n, o) = match l {
                 Line::Ok(n) => (n, Outcome::Ok),
                 Line::NotOk(n, d) => (n, Outcome::Fail(d)),
