@@ -24,7 +24,7 @@ pub fn run(ctx: &Context, args: PsArgs) -> anyhow::Result<()> {
     crate::bundle::validate_id(&args.id)?;
     let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
     let pids: Vec<i32> = match tier_of(&ctx.root, &args.id)? {
-        // Guest pids: they name processes inside the VM, not on the host.
+        // The VM's host processes (see microvm::ps).
         Isolation::Microvm => crate::microvm::ps(ctx, &args.id)?,
         Isolation::Container => pids(&load(ctx, &args.id)?)?
             .iter()

@@ -300,11 +300,30 @@ pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
     Ok(())
 }
 
+/// `ps`: the container's processes on the host — the supervisor, the VMM
+/// and the file server, all in the container's cgroup — which is what the
+/// shim and `docker top` look up in the host's process table. Guest pids
+/// would name unrelated host processes there; the guest's own processes
+/// are what `exec ... ps` shows.
 pub fn ps(ctx: &Context, id: &str) -> Result<Vec<i32>> {
-    match ask(ctx, id, SupervisorRequest::Ps)? {
-        Reply::Pids { pids } => Ok(pids),
-        other => Err(failed(format!("unexpected reply {other:?}"))),
+    let s = load(ctx, id)?;
+    if s.cgroup_path.as_os_str().is_empty() {
+        return Ok(Vec::new());
     }
+    let cm = libcgroups::common::create_cgroup_manager(CgroupConfig {
+        cgroup_path: s.cgroup_path.clone(),
+        systemd_cgroup: false,
+        container_name: s.id.clone(),
+    })
+    .map_err(|e| failed(e.to_string()))?;
+    let mut pids: Vec<i32> = cm
+        .get_all_pids()
+        .map_err(|e| failed(format!("cannot list the processes of {id}: {e}")))?
+        .into_iter()
+        .map(|p| p.as_raw())
+        .collect();
+    pids.sort_unstable();
+    Ok(pids)
 }
 
 /// `update`: the container's cgroup limits inside the guest change; what
@@ -323,9 +342,23 @@ pub fn update(
         )));
     }
     spec::check_update(resources, s.vcpus, s.memory_mib).map_err(failed)?;
-    let resources = serde_json::to_value(resources)
+    let encoded = serde_json::to_value(resources)
         .map_err(|e| failed(format!("cannot encode resources: {e}")))?;
-    ask(ctx, id, SupervisorRequest::Update { resources })?;
+    ask(ctx, id, SupervisorRequest::Update { resources: encoded })?;
+    // The VM's own host cgroup follows for what it carries (CPU, pids).
+    let cm = libcgroups::common::create_cgroup_manager(CgroupConfig {
+        cgroup_path: s.cgroup_path.clone(),
+        systemd_cgroup: false,
+        container_name: s.id.clone(),
+    })
+    .map_err(|e| failed(e.to_string()))?;
+    cm.apply(&libcgroups::common::ControllerOpt {
+        resources: &spec::host_limits(resources),
+        disable_oom_killer: false,
+        oom_score_adj: None,
+        freezer_state: None,
+    })
+    .map_err(|e| failed(format!("cannot update the host cgroup of {id}: {e}")))?;
     Ok(())
 }
 

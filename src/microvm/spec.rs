@@ -50,6 +50,17 @@ impl GuestPlan {
     }
 }
 
+/// The part of a container's limits that its VM's host cgroup carries: CPU
+/// and pids. Memory is the guest's RAM, not a host limit on the VMM, which
+/// needs headroom beyond it.
+pub fn host_limits(full: &oci_spec::runtime::LinuxResources) -> oci_spec::runtime::LinuxResources {
+    let mut r = oci_spec::runtime::LinuxResources::default();
+    r.set_devices(None);
+    r.set_cpu(full.cpu().clone());
+    r.set_pids(*full.pids());
+    r
+}
+
 /// Refuses an `update` that would need a bigger VM than the one booted:
 /// vCPUs and RAM are fixed at create (no hotplug), limits within them are
 /// applied in the guest.

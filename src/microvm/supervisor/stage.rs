@@ -8,7 +8,7 @@ use libcgroups::common::{CgroupConfig, CgroupManager, ControllerOpt};
 use nix::mount::{mount, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 use nix::unistd::Pid;
-use oci_spec::runtime::{LinuxResources, LinuxResourcesBuilder};
+use oci_spec::runtime::LinuxResources;
 use serde_json::Value;
 
 use crate::microvm::spec::{is_bind, Staged};
@@ -98,11 +98,7 @@ pub fn cgroup(spec: &Value, id: &str) -> Result<PathBuf, StageError> {
     let full: Option<LinuxResources> =
         serde_json::from_value(spec["linux"]["resources"].clone()).ok();
     if let Some(full) = full {
-        let mut r = LinuxResourcesBuilder::default()
-            .build()
-            .map_err(|e| err(e.to_string()))?;
-        r.set_cpu(full.cpu().clone());
-        r.set_pids(*full.pids());
+        let r = crate::microvm::spec::host_limits(&full);
         cm.apply(&ControllerOpt {
             resources: &r,
             disable_oom_killer: false,
