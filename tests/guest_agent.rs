@@ -177,7 +177,7 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
     });
     let sleep_pid = created_pid(&vm, reply);
     match vm.request(&HostMessage::Ps) {
-        Reply::Pids { pids } => {
+        Reply::Pids { pids, .. } => {
             assert!(
                 pids.contains(&init_pid) && pids.contains(&sleep_pid),
                 "{pids:?}"

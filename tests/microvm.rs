@@ -260,9 +260,20 @@ fn lifecycle_with_exec_inside_the_guest() {
         "no memory use reported: {events}"
     );
 
+    // ps: the table lists the guest's processes; the JSON the VM's host
+    // processes, the supervisor (the container's pid) among them.
+    let ps = f.agentvm(&["ps", id]).ok();
+    assert!(ps.stdout.starts_with("    PID    PPID    UID CMD"), "{ps}");
+    assert!(
+        ps.stdout.lines().any(|l| l.contains("sh -c echo started")),
+        "the workload is not in the guest's process list:\n{ps}"
+    );
     let ps = f.agentvm(&["ps", "--format", "json", id]).ok();
     let pids: Vec<i32> = serde_json::from_str(&ps.stdout).expect("ps json");
-    assert!(!pids.is_empty(), "{ps}");
+    assert!(
+        pids.contains(&pid),
+        "the supervisor {pid} is not listed: {ps}"
+    );
 
     // kill forwards the signal to the workload in the guest.
     f.agentvm(&["kill", id, "TERM"]).ok();

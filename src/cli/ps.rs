@@ -23,19 +23,43 @@ pub struct PsArgs {
 pub fn run(ctx: &Context, args: PsArgs) -> anyhow::Result<()> {
     crate::bundle::validate_id(&args.id)?;
     let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
-    let pids: Vec<i32> = match tier_of(&ctx.root, &args.id)? {
+    let microvm = tier_of(&ctx.root, &args.id)? == Isolation::Microvm;
+    if microvm && args.format == "table" {
+        // The workload's processes live in the guest: list them there.
+        if !args.ps_args.is_empty() {
+            anyhow::bail!(
+                "ps arguments are not supported by the microvm tier: the guest's processes are \
+                 listed by agentvm (PID PPID UID CMD)"
+            );
+        }
+        return guest_table(&crate::microvm::guest_processes(ctx, &args.id)?);
+    }
+    let pids: Vec<i32> = if microvm {
         // The VM's host processes (see microvm::ps).
-        Isolation::Microvm => crate::microvm::ps(ctx, &args.id)?,
-        Isolation::Container => pids(&load(ctx, &args.id)?)?
+        crate::microvm::ps(ctx, &args.id)?
+    } else {
+        pids(&load(ctx, &args.id)?)?
             .iter()
             .map(|p| p.as_raw())
-            .collect(),
+            .collect()
     };
     match args.format.as_str() {
         "json" => super::emit(&format!("{}\n", serde_json::to_string(&pids)?)),
         "table" => table(&pids, &args.ps_args),
         other => anyhow::bail!("invalid format option {other:?}: expected table or json"),
     }
+}
+
+/// The guest's processes of a microVM container, ps-style.
+fn guest_table(processes: &[crate::microvm::protocol::GuestProcess]) -> anyhow::Result<()> {
+    let mut text = format!("{:>7} {:>7} {:>6} CMD\n", "PID", "PPID", "UID");
+    for p in processes {
+        text.push_str(&format!(
+            "{:>7} {:>7} {:>6} {}\n",
+            p.pid, p.ppid, p.uid, p.cmd
+        ));
+    }
+    super::emit(&text)
 }
 
 /// Runs the host's ps and keeps the header and the container's processes,

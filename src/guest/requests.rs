@@ -17,7 +17,7 @@ use crate::container::create::CreateOptions;
 use crate::container::exec::ExecOptions;
 use crate::container::tty::{ConsoleSocket, TtyError};
 use crate::container::{lc_error, status_str, TierError};
-use crate::microvm::protocol::{GuestStats, HostMessage, Reply, INIT_STREAM};
+use crate::microvm::protocol::{GuestProcess, GuestStats, HostMessage, Reply, INIT_STREAM};
 
 /// A request that failed; its text is the Reply::Error message, worded as
 /// runc would word it where runc has an equivalent.
@@ -254,9 +254,9 @@ impl Agent {
     fn ps(&mut self) -> Result<Reply, RequestError> {
         let container = crate::container::load(&self.ctx, CONTAINER_ID)?;
         let pids = crate::container::pids(&container)?;
-        Ok(Reply::Pids {
-            pids: pids.into_iter().map(|p| p.as_raw()).collect(),
-        })
+        let pids: Vec<i32> = pids.into_iter().map(|p| p.as_raw()).collect();
+        let processes = pids.iter().filter_map(|&p| describe_process(p)).collect();
+        Ok(Reply::Pids { pids, processes })
     }
 
     fn update(&mut self, resources: serde_json::Value) -> Result<Reply, RequestError> {
@@ -324,6 +324,38 @@ pub fn guest_spec(mut spec: serde_json::Value) -> Result<serde_json::Value, Requ
         linux.insert("cgroupsPath".into(), GUEST_CGROUP.into());
     }
     Ok(spec)
+}
+
+/// What `ps` shows of a process, from /proc; `None` once it is gone.
+fn describe_process(pid: i32) -> Option<GuestProcess> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1;
+    let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let cmd = if args.is_empty() {
+        format!("[{comm}]")
+    } else {
+        args.join(" ")
+    };
+    Some(GuestProcess {
+        pid,
+        ppid,
+        uid,
+        cmd,
+    })
 }
 
 /// A `/proc/meminfo` field in bytes.

@@ -300,11 +300,11 @@ pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
     Ok(())
 }
 
-/// `ps`: the container's processes on the host — the supervisor, the VMM
-/// and the file server, all in the container's cgroup — which is what the
-/// shim and `docker top` look up in the host's process table. Guest pids
-/// would name unrelated host processes there; the guest's own processes
-/// are what `exec ... ps` shows.
+/// `ps --format json`: the container's processes on the host — the
+/// supervisor, the VMM and the file server, all in the container's cgroup —
+/// which is what the shim and `docker top` look up in the host's process
+/// table; guest pids would name unrelated host processes there. The table
+/// lists the guest's processes (`guest_processes`).
 pub fn ps(ctx: &Context, id: &str) -> Result<Vec<i32>> {
     let s = load(ctx, id)?;
     if s.cgroup_path.as_os_str().is_empty() {
@@ -360,6 +360,14 @@ pub fn update(
     })
     .map_err(|e| failed(format!("cannot update the host cgroup of {id}: {e}")))?;
     Ok(())
+}
+
+/// The container's processes as the guest sees them (guest pids).
+pub fn guest_processes(ctx: &Context, id: &str) -> Result<Vec<protocol::GuestProcess>> {
+    match ask(ctx, id, SupervisorRequest::Ps)? {
+        Reply::Pids { processes, .. } => Ok(processes),
+        other => Err(failed(format!("unexpected reply {other:?}"))),
+    }
 }
 
 /// The container's resource use as the guest measures it.

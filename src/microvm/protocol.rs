@@ -270,6 +270,9 @@ pub enum Reply {
     },
     Pids {
         pids: Vec<i32>,
+        /// The same processes with what `ps` shows of them.
+        #[serde(default)]
+        processes: Vec<GuestProcess>,
     },
     Stats {
         stats: GuestStats,
@@ -278,6 +281,16 @@ pub enum Reply {
     Error {
         message: String,
     },
+}
+
+/// One process of the container, as the guest sees it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct GuestProcess {
+    pub pid: i32,
+    pub ppid: i32,
+    pub uid: u32,
+    /// The command line (arguments joined by spaces), or `[comm]`.
+    pub cmd: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
