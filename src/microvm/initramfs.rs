@@ -145,7 +145,9 @@ fn cached(cache_dir: &Path, agent: Option<&Path>) -> Result<PathBuf, InitramfsEr
         meta.mtime_nsec() as u64 ^ (meta.mtime() as u64) << 20
     );
     let path = cache_dir.join(format!("{prefix}-{key}.cpio"));
-    if path.is_file() {
+    if let Ok(f) = std::fs::File::options().append(true).open(&path) {
+        // In use: fresh, so that pruning leaves it alone.
+        let _ = f.set_modified(std::time::SystemTime::now());
         return Ok(path);
     }
     let init = std::fs::read(&exe).map_err(read_err)?;
@@ -160,7 +162,38 @@ fn cached(cache_dir: &Path, agent: Option<&Path>) -> Result<PathBuf, InitramfsEr
         .and_then(|mut f| f.write_all(&image))
         .and_then(|_| std::fs::rename(&tmp, &path))
         .map_err(write_err)?;
+    prune(cache_dir, prefix, &path);
     Ok(path)
+}
+
+/// Images of older binaries (an upgrade, a rebuild) would pile up in the
+/// RAM-backed cache: keep the newest few, and drop the rest once unused
+/// for a while (a create of an older binary still running may be about to
+/// hand its image to QEMU).
+fn prune(cache_dir: &Path, prefix: &str, current: &Path) {
+    const KEEP: usize = 2;
+    const UNUSED_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+    let Ok(entries) = std::fs::read_dir(cache_dir) else {
+        return;
+    };
+    let mut images: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with(&format!("{prefix}-")) && name.ends_with(".cpio")
+        })
+        .map(|e| e.path())
+        .filter(|p| p != current)
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .collect();
+    images.sort_by_key(|i| std::cmp::Reverse(i.0));
+    let now = std::time::SystemTime::now();
+    for (modified, path) in images.into_iter().skip(KEEP) {
+        if now.duration_since(modified).unwrap_or_default() > UNUSED_FOR {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -180,6 +213,40 @@ mod tests {
         let header = &text[at - 110..at];
         assert_eq!(&header[14..22], "000081ed");
         assert_eq!(&header[54..62], "0000000a");
+    }
+
+    #[test]
+    fn old_unused_images_are_pruned_and_recent_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        for i in 0..5 {
+            let p = cache.join(format!("agent-old{i}.cpio"));
+            std::fs::write(&p, b"x").unwrap();
+            let f = std::fs::File::options().append(true).open(&p).unwrap();
+            f.set_modified(old - std::time::Duration::from_secs(i))
+                .unwrap();
+        }
+        std::fs::write(cache.join("agent-recent.cpio"), b"x").unwrap();
+        std::fs::write(cache.join("agentvm-other.cpio"), b"x").unwrap();
+        let agent = dir.path().join("a");
+        std::fs::write(&agent, b"agent-a").unwrap();
+        let image = cached(&cache, Some(&agent)).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let current = image.file_name().unwrap().to_string_lossy().into_owned();
+        let mut want = vec![
+            "agent-old0.cpio".to_string(),
+            "agent-recent.cpio".to_string(),
+            "agentvm-other.cpio".to_string(),
+            current,
+        ];
+        want.sort();
+        assert_eq!(left, want);
     }
 
     #[test]
