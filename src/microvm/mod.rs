@@ -458,9 +458,16 @@ fn destroy(ctx: &Context, id: &str) -> Result<()> {
                 let deadline = Instant::now() + Duration::from_secs(10);
                 loop {
                     let pids = cm.get_all_pids().unwrap_or_default();
+                    // `run` is a subreaper: the VMM and file server may be
+                    // our own zombies by now. Reap them; zombies of others
+                    // are gone as far as we are concerned.
+                    for p in &pids {
+                        let _ =
+                            nix::sys::wait::waitpid(*p, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+                    }
                     let alive: Vec<_> = pids
                         .into_iter()
-                        .filter(|p| crate::state::process_start_time(p.as_raw()).is_some())
+                        .filter(|p| !crate::state::process_gone(p.as_raw()))
                         .collect();
                     if alive.is_empty() || Instant::now() > deadline {
                         break;
