@@ -259,6 +259,11 @@ fn lifecycle_with_exec_inside_the_guest() {
             > 0,
         "no memory use reported: {events}"
     );
+    assert_eq!(
+        event["data"]["memory"]["memory"]["limit"],
+        100 << 20,
+        "the limit set by update: {events}"
+    );
 
     // ps: the table lists the guest's processes; the JSON the VM's host
     // processes, the supervisor (the container's pid) among them.

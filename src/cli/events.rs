@@ -101,7 +101,8 @@ fn container_sample(ctx: &Context, id: &str) -> anyhow::Result<Option<Stats>> {
 }
 
 /// The microvm tier: what the guest reports of the container's cgroup in
-/// the guest, in the same shape; the memory limit is the guest's RAM.
+/// the guest, in the same shape; the memory limit is the container's in the
+/// guest, or the guest's RAM when it has none.
 fn microvm_sample(ctx: &Context, id: &str) -> anyhow::Result<Option<Stats>> {
     let guest = {
         let _lock = lock_container(&ctx.root, id, LockMode::Shared)?;
@@ -117,7 +118,10 @@ fn microvm_sample(ctx: &Context, id: &str) -> anyhow::Result<Option<Stats>> {
     let mut stats = Stats::default();
     stats.cpu.usage.usage_total = guest.cpu_usage_ns;
     stats.memory.memory.usage = guest.memory_usage_bytes;
-    stats.memory.memory.limit = guest.memory_total_bytes;
+    stats.memory.memory.limit = match guest.memory_limit_bytes {
+        0 => guest.memory_total_bytes,
+        limit => limit.min(guest.memory_total_bytes),
+    };
     stats.memory.stats.extend([
         ("guest_total".to_string(), guest.memory_total_bytes),
         ("guest_available".to_string(), guest.memory_available_bytes),

@@ -285,6 +285,8 @@ impl Agent {
                 .unwrap_or(0)
                 .saturating_mul(1000);
             stats.pids = read("pids.current").trim().parse().unwrap_or(0);
+            // "max" (no limit) parses to nothing: the guest's RAM bounds it.
+            stats.memory_limit_bytes = read("memory.max").trim().parse().unwrap_or(0);
         }
         Ok(Reply::Stats { stats })
     }

@@ -299,6 +299,9 @@ pub struct GuestStats {
     pub memory_available_bytes: u64,
     /// Bytes charged to the container's cgroup in the guest.
     pub memory_usage_bytes: u64,
+    /// The container's memory limit in the guest; 0 when it has none.
+    #[serde(default)]
+    pub memory_limit_bytes: u64,
     /// CPU time of the container's cgroup, nanoseconds.
     pub cpu_usage_ns: u64,
     pub pids: u64,

@@ -138,14 +138,16 @@ impl Docker {
         cmd::run(self.cmd().args(args))
     }
 
+    /// Whether the daemon answers; a slow answer is "not yet", not a
+    /// failure (the callers poll).
     fn answers(&self) -> bool {
-        cmd::run_with(
+        cmd::try_run_with(
             self.cmd()
                 .args(["version", "--format", "{{.Server.Version}}"]),
             None,
             Duration::from_secs(10),
         )
-        .success()
+        .is_ok_and(|out| out.success())
     }
 
     fn ensure_bridge(&self) {
