@@ -26,13 +26,6 @@ fn microvm_docker() -> Result<Docker, String> {
     docker_with(Runtime::AgentvmDefault)
 }
 
-fn host_uname_r() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .expect("osrelease")
-        .trim()
-        .to_string()
-}
-
 #[test]
 fn run_echo_in_its_own_kernel() {
     let d = require!(microvm_docker());
@@ -46,7 +39,11 @@ fn run_echo_in_its_own_kernel() {
         .ok();
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines.len(), 2, "{out}");
-    assert_ne!(lines[0], host_uname_r(), "the host's kernel answered");
+    assert_ne!(
+        lines[0],
+        common::host_uname_r(),
+        "the host's kernel answered"
+    );
     assert_ne!(lines[1], common::host_boot_id(), "the host's boot id");
 }
 
@@ -103,7 +100,11 @@ fn exec_runs_inside_the_guest() {
         .ok();
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines.len(), 2, "{out}");
-    assert_ne!(lines[0], host_uname_r(), "exec ran on the host kernel");
+    assert_ne!(
+        lines[0],
+        common::host_uname_r(),
+        "exec ran on the host kernel"
+    );
     let host_version = std::fs::read_to_string("/proc/version").expect("version");
     assert_ne!(lines[1], host_version.trim(), "exec saw the host's /proc");
     c.exec(&[], &["sh", "-c", "echo 42 > /tmp/from-exec"]).ok();
@@ -131,7 +132,7 @@ fn exec_interactive_tty() {
     s.expect("typed-42", 60);
     assert!(s.output().contains("/dev/pts/"), "no pty:\n{}", s.output());
     assert!(
-        !s.output().contains(&host_uname_r()),
+        !s.output().contains(&common::host_uname_r()),
         "exec -it ran on the host:\n{}",
         s.output()
     );

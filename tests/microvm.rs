@@ -75,13 +75,6 @@ fn bundle_arg(f: &Fixture) -> String {
     f.bundle().to_str().expect("utf-8").to_string()
 }
 
-fn host_uname_r() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .expect("osrelease")
-        .trim()
-        .to_string()
-}
-
 /// Waits until `file` exists in the out directory.
 #[track_caller]
 fn wait_for_file(f: &Fixture, file: &str) -> String {
@@ -136,7 +129,11 @@ fn run_boots_its_own_kernel_and_returns_the_exit_code() {
     assert_eq!(out.code, 7, "{out}");
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines.len(), 2, "{out}");
-    assert_ne!(lines[0], host_uname_r(), "the guest runs the host's kernel");
+    assert_ne!(
+        lines[0],
+        common::host_uname_r(),
+        "the guest runs the host's kernel"
+    );
     assert_ne!(lines[1], common::host_boot_id(), "same boot id as the host");
     assert!(out.stderr.contains("to-stderr"), "{out}");
     assert_nothing_left(&f, "mv-run");
@@ -193,7 +190,11 @@ fn lifecycle_with_exec_inside_the_guest() {
         .ok();
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines.len(), 2, "{out}");
-    assert_ne!(lines[0], host_uname_r(), "exec ran on the host kernel");
+    assert_ne!(
+        lines[0],
+        common::host_uname_r(),
+        "exec ran on the host kernel"
+    );
     assert_eq!(lines[1], "started", "{out}");
     assert_eq!(wait_for_file(&f, "exec").trim(), "from-exec");
 

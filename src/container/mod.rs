@@ -29,7 +29,7 @@ pub mod fixup;
 pub mod foreground;
 pub mod idmap;
 pub mod lsm;
-mod sys;
+pub(crate) mod sys;
 pub mod tty;
 pub mod workload;
 

@@ -8,7 +8,7 @@
 //! directory and the bare name instead.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -30,20 +30,7 @@ fn address(dir: &Path, name: &str) -> io::Result<Address> {
             _dir: None,
         });
     }
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
-    // SAFETY: `c` is NUL-terminated and outlives the call.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: open returned a new descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = crate::container::sys::open_dir_path(dir)?;
     Ok(Address {
         path: PathBuf::from(format!("/proc/self/fd/{}/{name}", fd.as_raw_fd())),
         _dir: Some(fd),

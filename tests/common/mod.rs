@@ -143,6 +143,15 @@ pub fn host_boot_id() -> String {
         .to_string()
 }
 
+/// This host's kernel release (`uname -r`), which a microVM's guest does
+/// not share.
+pub fn host_uname_r() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .expect("osrelease")
+        .trim()
+        .to_string()
+}
+
 /// Whether the runtime under test shares the host kernel (the container
 /// tier and the peers do; agentvm's default tier, microvm, does not).
 pub fn expects_host_kernel(rt: &Runtime) -> bool {
