@@ -1,12 +1,9 @@
 //! What every stateful command needs: the state root, the loaded config and
-//! the global flags.
+//! the global flags that the tiers act on. The command line fills it in
+//! (`cli::context`); the tiers and the guest agent only read it.
 
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context as _;
-
-use crate::cli::GlobalOpts;
 use crate::config::{Config, Isolation};
 
 pub struct Context {
@@ -21,25 +18,6 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(global: &GlobalOpts) -> anyhow::Result<Context> {
-        let config = Config::load(global.config.as_deref())?;
-        let root = absolute(&global.root)?;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&root)
-            .with_context(|| format!("cannot create state root {}", root.display()))?;
-        Ok(Context {
-            root,
-            config,
-            isolation_flag: global.isolation,
-            systemd_cgroup: global.systemd_cgroup,
-            config_path: global.config.as_ref().map(|p| absolute(p)).transpose()?,
-            log: global.log.as_ref().map(|p| absolute(p)).transpose()?,
-            log_json: global.log_format == crate::cli::LogFormat::Json,
-        })
-    }
-
     /// The state directory of one container (it may not exist).
     pub fn container_dir(&self, id: &str) -> PathBuf {
         self.root.join(id)
@@ -48,10 +26,9 @@ impl Context {
 
 /// Makes a path absolute against the current directory without resolving
 /// symlinks (as runc does with `--root` and `--bundle`).
-pub fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
+pub fn absolute(path: &Path) -> std::io::Result<PathBuf> {
     if path.is_absolute() {
         return Ok(path.to_path_buf());
     }
-    let cwd = std::env::current_dir().context("cannot read the current directory")?;
-    Ok(cwd.join(path))
+    Ok(std::env::current_dir()?.join(path))
 }

@@ -6,10 +6,9 @@ use anyhow::Context as _;
 use clap::Args;
 
 use crate::bundle::{validate_id, Bundle};
-use crate::config::Isolation;
-use crate::container::create::CreateOptions;
 use crate::context::{absolute, Context};
 use crate::state;
+use crate::tier::{CreateRequest, Tier};
 
 #[derive(Args, Debug)]
 pub struct CreateArgs {
@@ -35,14 +34,15 @@ pub struct CreateArgs {
 }
 
 /// What `create` and `run` share: checks, tier selection, the root lock.
+/// Returns the tier that created the container.
 pub fn create_container(
     ctx: &Context,
-    id: &str,
-    bundle: &std::path::Path,
-    mut opts: CreateOptions,
-) -> anyhow::Result<Created> {
+    args: &CreateArgs,
+    detached: bool,
+) -> anyhow::Result<Box<dyn Tier>> {
+    let id = args.id.as_str();
     validate_id(id)?;
-    let bundle = Bundle::load(&absolute(bundle)?)?;
+    let bundle = Bundle::load(&absolute(&args.bundle)?)?;
     let (isolation, source) = ctx
         .config
         .select_isolation(ctx.isolation_flag, bundle.spec.annotations().as_ref())?;
@@ -50,55 +50,35 @@ pub fn create_container(
         "container {id}: isolation {isolation} (from {source}), rootfs {}",
         bundle.rootfs.display()
     );
-    if opts.preserve_fds < 0 {
+    if args.preserve_fds < 0 {
         anyhow::bail!("--preserve-fds must not be negative");
     }
-    opts.pid_file = opts.pid_file.map(|p| absolute(&p)).transpose()?;
-    opts.console_socket = opts.console_socket.map(|p| absolute(&p)).transpose()?;
+    let pid_file = args.pid_file.as_deref().map(absolute).transpose()?;
+    let console_socket = args.console_socket.as_deref().map(absolute).transpose()?;
     let _root_lock = state::lock_root(&ctx.root)?;
     if ctx.container_dir(id).exists() {
         anyhow::bail!("container with id {id} already exists");
     }
-    if isolation == Isolation::Microvm {
-        if opts.preserve_fds > 0 {
-            anyhow::bail!("--preserve-fds is not supported in the microvm tier");
-        }
-        crate::microvm::create(
-            ctx,
+    let tier = crate::tier::for_isolation(isolation);
+    tier.create(
+        ctx,
+        &CreateRequest {
             id,
-            &bundle,
-            crate::microvm::CreateOptions {
-                console_socket: opts.console_socket.as_deref(),
-                pid_file: opts.pid_file.as_deref(),
-                log: ctx.log.as_deref(),
-                log_json: ctx.log_json,
-            },
-        )
-        .with_context(|| {
-            format!("cannot create container {id} (isolation microvm, from {source})")
-        })?;
-        return Ok(Created::Microvm);
-    }
-    crate::container::create::create(ctx, id, &bundle, opts)
-        .map(|c| Created::Container(Box::new(c)))
-        .with_context(|| format!("cannot create container {id}"))
-}
-
-/// What `create_container` made.
-pub enum Created {
-    Container(Box<libcontainer::container::Container>),
-    Microvm,
+            bundle: &bundle,
+            console_socket: console_socket.as_deref(),
+            pid_file: pid_file.as_deref(),
+            preserve_fds: args.preserve_fds,
+            no_pivot: args.no_pivot,
+            detached,
+        },
+    )
+    .with_context(|| {
+        format!("cannot create container {id} (isolation {isolation}, from {source})")
+    })?;
+    Ok(tier)
 }
 
 pub fn run(ctx: &Context, args: CreateArgs) -> anyhow::Result<()> {
-    let opts = CreateOptions {
-        pid_file: args.pid_file,
-        console_socket: args.console_socket,
-        preserve_fds: args.preserve_fds,
-        no_pivot: args.no_pivot,
-        detached: true,
-        ..Default::default()
-    };
-    create_container(ctx, &args.id, &args.bundle, opts)?;
+    create_container(ctx, &args, true)?;
     Ok(())
 }

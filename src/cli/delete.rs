@@ -2,10 +2,8 @@
 
 use clap::Args;
 
-use crate::config::Isolation;
-use crate::container::{delete::delete, load};
 use crate::context::Context;
-use crate::state::{lock_container, tier_of, LockMode, StateError};
+use crate::state::{lock_container, LockMode, StateError};
 
 #[derive(Args, Debug)]
 pub struct DeleteArgs {
@@ -33,13 +31,8 @@ pub fn run(ctx: &Context, args: DeleteArgs) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
-    if tier_of(&ctx.root, &args.id)? == Isolation::Microvm {
-        crate::microvm::delete(ctx, &args.id, args.force)?;
-        drop(lock);
-        return Ok(());
-    }
-    let mut container = load(ctx, &args.id)?;
-    delete(&mut container, args.force)?;
+    let (tier, _) = super::open(ctx, &args.id, None)?;
+    tier.delete(ctx, &args.id, args.force)?;
     drop(lock);
     Ok(())
 }

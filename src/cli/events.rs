@@ -5,14 +5,9 @@
 use std::io::Write;
 use std::time::Duration;
 
-use clap::Args;
-use libcgroups::common::CgroupManager;
-use libcgroups::stats::Stats;
-use libcontainer::container::ContainerStatus;
-
-use crate::container::{cgroup_manager, load};
 use crate::context::Context;
 use crate::state::{lock_container, LockMode};
+use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct EventsArgs {
@@ -55,15 +50,13 @@ fn parse_interval(s: &str) -> anyhow::Result<Duration> {
 }
 
 pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
-    crate::bundle::validate_id(&args.id)?;
     let interval = parse_interval(&args.interval)?;
-    let microvm = crate::state::tier_of(&ctx.root, &args.id)? == crate::config::Isolation::Microvm;
+    let (tier, _) = super::open(ctx, &args.id, None)?;
     let mut out = std::io::stdout().lock();
     loop {
-        let stats = if microvm {
-            microvm_sample(ctx, &args.id)?
-        } else {
-            container_sample(ctx, &args.id)?
+        let stats = {
+            let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
+            tier.stats(ctx, &args.id)?
         };
         let Some(stats) = stats else {
             if args.stats {
@@ -85,49 +78,6 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
         }
         std::thread::sleep(interval);
     }
-}
-
-/// The container tier: the container's cgroup; `None` once it stopped.
-fn container_sample(ctx: &Context, id: &str) -> anyhow::Result<Option<Stats>> {
-    let _lock = lock_container(&ctx.root, id, LockMode::Shared)?;
-    let container = load(ctx, id)?;
-    if container.status() == ContainerStatus::Stopped {
-        return Ok(None);
-    }
-    let stats = cgroup_manager(&container)?
-        .stats()
-        .map_err(|e| anyhow::anyhow!("cannot read stats of {id}: {e}"))?;
-    Ok(Some(stats))
-}
-
-/// The microvm tier: what the guest reports of the container's cgroup in
-/// the guest, in the same shape; the memory limit is the container's in the
-/// guest, or the guest's RAM when it has none.
-fn microvm_sample(ctx: &Context, id: &str) -> anyhow::Result<Option<Stats>> {
-    let guest = {
-        let _lock = lock_container(&ctx.root, id, LockMode::Shared)?;
-        match crate::microvm::state(ctx, id)?.status {
-            "running" => {}
-            "paused" => {
-                anyhow::bail!("container {id} is paused: a frozen microVM cannot report its stats")
-            }
-            _ => return Ok(None),
-        }
-        crate::microvm::stats(ctx, id)?
-    };
-    let mut stats = Stats::default();
-    stats.cpu.usage.usage_total = guest.cpu_usage_ns;
-    stats.memory.memory.usage = guest.memory_usage_bytes;
-    stats.memory.memory.limit = match guest.memory_limit_bytes {
-        0 => guest.memory_total_bytes,
-        limit => limit.min(guest.memory_total_bytes),
-    };
-    stats.memory.stats.extend([
-        ("guest_total".to_string(), guest.memory_total_bytes),
-        ("guest_available".to_string(), guest.memory_available_bytes),
-    ]);
-    stats.pids.current = guest.pids;
-    Ok(Some(stats))
 }
 
 #[cfg(test)]

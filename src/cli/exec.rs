@@ -6,10 +6,8 @@ use anyhow::Context as _;
 use clap::Args;
 use oci_spec::runtime::{Process, Spec};
 
-use crate::container::exec::{exec, ExecOptions};
-use crate::container::foreground;
-use crate::container::tty::{ConsoleSocket, Relay};
 use crate::context::{absolute, Context};
+use crate::tier::ExecRequest;
 
 #[derive(Args, Debug)]
 pub struct ExecArgs {
@@ -126,39 +124,34 @@ fn process_from_flags(config: &Path, args: &ExecArgs) -> anyhow::Result<Process>
 }
 
 pub fn run(ctx: &Context, args: ExecArgs) -> anyhow::Result<u8> {
-    crate::bundle::validate_id(&args.id)?;
-    let dir = ctx.container_dir(&args.id);
-    if crate::state::tier_of(&ctx.root, &args.id)? == crate::config::Isolation::Microvm {
-        return run_microvm(ctx, &args);
-    }
-    if !dir.join("state.json").exists() {
-        anyhow::bail!("container {} does not exist", args.id);
-    }
-    // Resolve the process: a given process.json, or one built from flags
-    // and written next to the container's state for libcontainer to read.
-    let (process_path, process, written) = match &args.process {
-        Some(p) => {
-            let (path, process) = process_from_file(p)?;
-            (path, process, false)
-        }
+    let (tier, _) = super::open(ctx, &args.id, None)?;
+    let process = match &args.process {
+        Some(p) => process_from_file(p)?,
         None => {
-            let container = crate::container::load(ctx, &args.id)?;
-            let process = process_from_flags(&container.bundle().join("config.json"), &args)?;
-            let path = dir.join(format!(".exec-{}.json", std::process::id()));
-            std::fs::write(&path, serde_json::to_vec(&process)?)
-                .with_context(|| format!("cannot write {}", path.display()))?;
-            (path, process, true)
+            let bundle = tier.state(ctx, &args.id)?.bundle;
+            process_from_flags(&bundle.join("config.json"), &args)?
         }
     };
-    let result = run_process(ctx, &args, &process_path, &process);
-    if written {
-        let _ = std::fs::remove_file(&process_path);
-    }
-    result
+    let console_socket = args.console_socket.as_deref().map(absolute).transpose()?;
+    let pid_file = args.pid_file.as_deref().map(absolute).transpose()?;
+    tier.exec(
+        ctx,
+        &ExecRequest {
+            id: &args.id,
+            process: &process,
+            console_socket: console_socket.as_deref(),
+            pid_file: pid_file.as_deref(),
+            detach: args.detach,
+            preserve_fds: args.preserve_fds,
+            ignore_paused: args.ignore_paused,
+            cgroup: args.cgroup.as_deref(),
+        },
+    )
+    .with_context(|| format!("cannot exec in container {}", args.id))
 }
 
 /// Reads and checks a `--process` file.
-fn process_from_file(p: &Path) -> anyhow::Result<(PathBuf, Process)> {
+fn process_from_file(p: &Path) -> anyhow::Result<Process> {
     let path = absolute(p)?;
     let text = std::fs::read(&path)
         .with_context(|| format!("cannot read process file {}", path.display()))?;
@@ -167,78 +160,5 @@ fn process_from_file(p: &Path) -> anyhow::Result<(PathBuf, Process)> {
     if process.args().as_ref().is_none_or(|a| a.is_empty()) {
         anyhow::bail!("process file {}: args must not be empty", path.display());
     }
-    Ok((path, process))
-}
-
-/// The microvm tier: the process runs in the guest, this command relays.
-fn run_microvm(ctx: &Context, args: &ExecArgs) -> anyhow::Result<u8> {
-    let process = match &args.process {
-        Some(p) => process_from_file(p)?.1,
-        None => {
-            let state = crate::microvm::vmstate::VmState::load(&ctx.container_dir(&args.id))?;
-            process_from_flags(&state.bundle.join("config.json"), args)?
-        }
-    };
-    if args.preserve_fds > 0 {
-        anyhow::bail!("exec --preserve-fds is not supported by the microvm tier: host descriptors cannot cross into the guest");
-    }
-    if args.cgroup.is_some() {
-        anyhow::bail!("exec --cgroup is not supported by the microvm tier");
-    }
-    let console_socket = args.console_socket.as_deref().map(absolute).transpose()?;
-    let pid_file = args.pid_file.as_deref().map(absolute).transpose()?;
-    let status = crate::microvm::exec::exec(
-        ctx,
-        &args.id,
-        crate::microvm::exec::ExecRequest {
-            process: serde_json::to_value(&process)?,
-            console_socket: console_socket.as_deref(),
-            pid_file: pid_file.as_deref(),
-            detach: args.detach,
-            ignore_paused: args.ignore_paused,
-        },
-    )
-    .with_context(|| format!("cannot exec in container {}", args.id))?;
-    Ok(status)
-}
-
-fn run_process(
-    ctx: &Context,
-    args: &ExecArgs,
-    process_path: &Path,
-    process: &Process,
-) -> anyhow::Result<u8> {
-    let terminal = process.terminal().unwrap_or(false);
-    let own_socket = if terminal && !args.detach && args.console_socket.is_none() {
-        Some(ConsoleSocket::bind(&ctx.root, &args.id)?)
-    } else {
-        None
-    };
-    if !args.detach {
-        foreground::become_subreaper()?;
-    }
-    let opts = ExecOptions {
-        process: Some(process_path.to_path_buf()),
-        console_socket: match &own_socket {
-            Some(s) => Some(s.path().to_path_buf()),
-            None => args.console_socket.as_deref().map(absolute).transpose()?,
-        },
-        pid_file: args.pid_file.as_deref().map(absolute).transpose()?,
-        detach: args.detach || own_socket.is_some(),
-        preserve_fds: args.preserve_fds,
-        ignore_paused: args.ignore_paused,
-        sub_cgroup: args.cgroup.clone(),
-        ..Default::default()
-    };
-    let pid = exec(ctx, &args.id, opts)
-        .with_context(|| format!("cannot exec in container {}", args.id))?;
-    if args.detach {
-        return Ok(0);
-    }
-    let relay = match &own_socket {
-        Some(s) => Some(Relay::new(s.receive_master()?)),
-        None => None,
-    };
-    drop(own_socket);
-    Ok(foreground::wait(pid, relay)?)
+    Ok(process)
 }

@@ -4,10 +4,9 @@ use std::io::Write;
 
 use clap::Args;
 
-use crate::config::Isolation;
-use crate::container::{load, runc_state, RuncState};
 use crate::context::Context;
-use crate::state::{lock_container, tier_of, LockMode};
+use crate::state::{lock_container, LockMode};
+use crate::tier::RuncState;
 
 #[derive(Args, Debug)]
 pub struct ListArgs {
@@ -33,13 +32,9 @@ pub fn run(ctx: &Context, args: ListArgs) -> anyhow::Result<()> {
         let Ok(_lock) = lock_container(&ctx.root, &id, LockMode::Shared) else {
             continue;
         };
-        let state = match tier_of(&ctx.root, &id) {
-            Ok(Isolation::Microvm) => crate::microvm::state(ctx, &id).map_err(|e| e.to_string()),
-            Ok(Isolation::Container) => load(ctx, &id)
-                .map(|c| runc_state(&c))
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
+        let state = super::open(ctx, &id, None)
+            .and_then(|(tier, _)| Ok(tier.state(ctx, &id)?))
+            .map_err(|e| format!("{e:#}"));
         match state {
             Ok(s) => states.push(s),
             Err(e) => tracing::warn!("skipping container {id}: {e}"),

@@ -3,13 +3,20 @@
 //! The shape follows runc's, because containerd's runc shim (go-runc), conmon
 //! and Docker build their argument lists for runc and hand them to us as-is.
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::Isolation;
+use crate::config::{Config, Isolation};
+use crate::context::{absolute, Context};
+pub use crate::logging::LogFormat;
+use crate::tier::Tier;
 
 pub mod check;
+pub mod checkpoint;
 pub mod create;
 pub mod delete;
 pub mod events;
@@ -85,12 +92,6 @@ pub struct GlobalOpts {
     pub version: bool,
 }
 
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Create a container
@@ -119,6 +120,8 @@ pub enum Command {
     Events(events::EventsArgs),
     /// Update container resource constraints
     Update(update::UpdateArgs),
+    /// Checkpoint a running container (not supported yet: says so)
+    Checkpoint(checkpoint::CheckpointArgs),
     /// Create a new specification file
     Spec(spec::SpecArgs),
     /// Show the features this runtime implements, per isolation tier
@@ -156,4 +159,119 @@ pub fn version_text() -> String {
         option_env!("AGENTVM_COMMIT").unwrap_or("unknown"),
         oci_spec::runtime::VERSION,
     )
+}
+
+/// The command line's entry: parse, log, dispatch, and turn an error into
+/// one line and exit status 1.
+pub fn main() -> ExitCode {
+    // SIGPIPE stays ignored (Rust's default) so that a hook that exits
+    // without reading its state, or a closed stdout, is an error we handle
+    // rather than our death; workloads get the default back right before
+    // their exec (see container::workload).
+    let cli = Cli::parse();
+    if cli.global.version {
+        print!("{}", version_text());
+        return ExitCode::SUCCESS;
+    }
+    let Some(command) = cli.command else {
+        eprintln!("agentvm: no command given; see 'agentvm --help'");
+        return ExitCode::from(1);
+    };
+    let guard = match crate::logging::init(
+        cli.global.log.as_deref(),
+        cli.global.log_format,
+        cli.global.debug,
+    ) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("agentvm: cannot open log file: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match dispatch(&cli.global, command) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            let msg = format!("{err:#}");
+            tracing::error!("{msg}");
+            if guard.to_file || cli.global.log_format == LogFormat::Json {
+                eprintln!("agentvm: {msg}");
+            }
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Runs one command; the result is the process exit code.
+fn dispatch(global: &GlobalOpts, command: Command) -> anyhow::Result<u8> {
+    // Commands that need no state directory.
+    match &command {
+        Command::Spec(args) => return spec::run(args, global.rootless.as_deref()).map(|_| 0),
+        Command::Features(args) => return features::run(global, args).map(|_| 0),
+        Command::Check(args) => return check::run(global, args),
+        _ => {}
+    }
+    let ctx = context(global)?;
+    match command {
+        Command::Create(args) => create::run(&ctx, args).map(|_| 0),
+        Command::Start(args) => start::run(&ctx, args).map(|_| 0),
+        Command::Run(args) => run::run(&ctx, args),
+        Command::State(args) => state::run(&ctx, args).map(|_| 0),
+        Command::Kill(args) => kill::run(&ctx, args).map(|_| 0),
+        Command::Delete(args) => delete::run(&ctx, args).map(|_| 0),
+        Command::List(args) => list::run(&ctx, args).map(|_| 0),
+        Command::Ps(args) => ps::run(&ctx, args).map(|_| 0),
+        Command::Exec(args) => exec::run(&ctx, args),
+        Command::Pause(args) => pause::pause(&ctx, args).map(|_| 0),
+        Command::Resume(args) => pause::resume(&ctx, args).map(|_| 0),
+        Command::Events(args) => events::run(&ctx, args).map(|_| 0),
+        Command::Update(args) => update::run(&ctx, args).map(|_| 0),
+        Command::Checkpoint(args) => checkpoint::run(&ctx, args).map(|_| 0),
+        Command::Supervise(args) => {
+            crate::microvm::supervisor::run(crate::microvm::supervisor::Args {
+                dir: ctx.container_dir(&args.id),
+                console_socket: args.console_socket,
+                config: ctx.config,
+                systemd_cgroup: ctx.systemd_cgroup,
+            })
+        }
+        Command::Spec(_) | Command::Features(_) | Command::Check(_) => {
+            unreachable!("handled above")
+        }
+    }
+}
+
+/// The state root, the config and the global flags the tiers act on.
+fn context(global: &GlobalOpts) -> anyhow::Result<Context> {
+    let config = Config::load(global.config.as_deref())?;
+    let root = absolute(&global.root).context("cannot read the current directory")?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&root)
+        .with_context(|| format!("cannot create state root {}", root.display()))?;
+    Ok(Context {
+        root,
+        config,
+        isolation_flag: global.isolation,
+        systemd_cgroup: global.systemd_cgroup,
+        config_path: global.config.as_ref().map(|p| absolute(p)).transpose()?,
+        log: global.log.as_ref().map(|p| absolute(p)).transpose()?,
+        log_json: global.log_format == LogFormat::Json,
+    })
+}
+
+/// The one place the command line picks a tier for an existing container:
+/// checks the id, takes the container's lock, and returns the tier it was
+/// created in.
+pub fn open(
+    ctx: &Context,
+    id: &str,
+    mode: Option<crate::state::LockMode>,
+) -> anyhow::Result<(Box<dyn Tier>, Option<crate::state::DirLock>)> {
+    crate::bundle::validate_id(id)?;
+    let lock = match mode {
+        Some(m) => Some(crate::state::lock_container(&ctx.root, id, m)?),
+        None => None,
+    };
+    Ok((crate::tier::of_container(ctx, id)?, lock))
 }

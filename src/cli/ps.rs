@@ -4,10 +4,9 @@ use std::process::Command;
 
 use clap::Args;
 
-use crate::config::Isolation;
-use crate::container::{load, pids};
 use crate::context::Context;
-use crate::state::{lock_container, tier_of, LockMode};
+use crate::state::LockMode;
+use crate::tier::ProcessTable;
 
 #[derive(Args, Debug)]
 pub struct PsArgs {
@@ -21,37 +20,22 @@ pub struct PsArgs {
 }
 
 pub fn run(ctx: &Context, args: PsArgs) -> anyhow::Result<()> {
-    crate::bundle::validate_id(&args.id)?;
-    let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
-    let microvm = tier_of(&ctx.root, &args.id)? == Isolation::Microvm;
-    if microvm && args.format == "table" {
-        // The workload's processes live in the guest: list them there.
-        if !args.ps_args.is_empty() {
-            anyhow::bail!(
-                "ps arguments are not supported by the microvm tier: the guest's processes are \
-                 listed by agentvm (PID PPID UID CMD)"
-            );
-        }
-        return guest_table(&crate::microvm::guest_processes(ctx, &args.id)?);
-    }
-    let pids: Vec<i32> = if microvm {
-        // The VM's host processes (see microvm::ps).
-        crate::microvm::ps(ctx, &args.id)?
-    } else {
-        pids(&load(ctx, &args.id)?)?
-            .iter()
-            .map(|p| p.as_raw())
-            .collect()
-    };
+    let (tier, _lock) = super::open(ctx, &args.id, Some(LockMode::Shared))?;
     match args.format.as_str() {
-        "json" => super::emit(&format!("{}\n", serde_json::to_string(&pids)?)),
-        "table" => table(&pids, &args.ps_args),
+        "json" => {
+            let pids = tier.host_pids(ctx, &args.id)?;
+            super::emit(&format!("{}\n", serde_json::to_string(&pids)?))
+        }
+        "table" => match tier.process_table(ctx, &args.id, &args.ps_args)? {
+            ProcessTable::Host(pids) => table(&pids, &args.ps_args),
+            ProcessTable::Guest(processes) => guest_table(&processes),
+        },
         other => anyhow::bail!("invalid format option {other:?}: expected table or json"),
     }
 }
 
 /// The guest's processes of a microVM container, ps-style.
-fn guest_table(processes: &[crate::microvm::protocol::GuestProcess]) -> anyhow::Result<()> {
+fn guest_table(processes: &[crate::protocol::GuestProcess]) -> anyhow::Result<()> {
     let mut text = format!("{:>7} {:>7} {:>6} CMD\n", "PID", "PPID", "UID");
     for p in processes {
         text.push_str(&format!(

@@ -2,10 +2,8 @@
 
 use clap::Args;
 
-use crate::config::Isolation;
-use crate::container::{load, runc_state};
 use crate::context::Context;
-use crate::state::{lock_container, tier_of, LockMode};
+use crate::state::LockMode;
 
 #[derive(Args, Debug)]
 pub struct StateArgs {
@@ -13,11 +11,7 @@ pub struct StateArgs {
 }
 
 pub fn run(ctx: &Context, args: StateArgs) -> anyhow::Result<()> {
-    crate::bundle::validate_id(&args.id)?;
-    let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
-    let state = match tier_of(&ctx.root, &args.id)? {
-        Isolation::Microvm => crate::microvm::state(ctx, &args.id)?,
-        Isolation::Container => runc_state(&load(ctx, &args.id)?),
-    };
+    let (tier, _lock) = super::open(ctx, &args.id, Some(LockMode::Shared))?;
+    let state = tier.state(ctx, &args.id)?;
     super::emit(&format!("{}\n", serde_json::to_string_pretty(&state)?))
 }

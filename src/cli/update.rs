@@ -9,9 +9,8 @@ use oci_spec::runtime::{
     LinuxBlockIoBuilder, LinuxMemoryBuilder, LinuxPidsBuilder, LinuxResources,
 };
 
-use crate::container::load;
 use crate::context::Context;
-use crate::state::{lock_container, LockMode};
+use crate::state::LockMode;
 
 #[derive(Args, Debug)]
 pub struct UpdateArgs {
@@ -160,14 +159,8 @@ pub fn run(ctx: &Context, args: UpdateArgs) -> anyhow::Result<()> {
         None => LinuxResources::default(),
     };
     let resources = merge_flags(&args, base)?;
-    let _lock = lock_container(&ctx.root, &args.id, LockMode::Exclusive)?;
-    if crate::state::tier_of(&ctx.root, &args.id)? == crate::config::Isolation::Microvm {
-        crate::microvm::update(ctx, &args.id, &resources)?;
-        return Ok(());
-    }
-    let container = load(ctx, &args.id)?;
-    crate::container::update(&container, &resources)?;
-    Ok(())
+    let (tier, _lock) = super::open(ctx, &args.id, Some(LockMode::Exclusive))?;
+    Ok(tier.update(ctx, &args.id, &resources)?)
 }
 
 #[cfg(test)]

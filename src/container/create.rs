@@ -9,7 +9,7 @@ use libcontainer::syscall::syscall::SyscallType;
 
 use super::idmap::MapHelpers;
 use super::workload::Workload;
-use super::{console, cwd, fixup, lc_error, lsm, TierError};
+use super::{console, cwd, fixup, lc_error, lsm, ContainerError};
 use crate::bundle::Bundle;
 use crate::config::Isolation;
 use crate::context::Context;
@@ -37,7 +37,7 @@ pub fn create(
     id: &str,
     bundle: &Bundle,
     opts: CreateOptions,
-) -> Result<Container, TierError> {
+) -> Result<Container, ContainerError> {
     // Before libcontainer starts anything: it ignores SELinux labels, and
     // its init changes to the cwd before it waits for `start`.
     lsm::check_spec(&bundle.spec, lsm::selinux_enabled())?;
@@ -81,7 +81,7 @@ fn build(
     id: &str,
     bundle: &Bundle,
     opts: CreateOptions,
-) -> Result<Container, TierError> {
+) -> Result<Container, ContainerError> {
     let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::default())
         .with_executor(Workload::default())
         .with_root_path(&ctx.root)
@@ -113,10 +113,12 @@ fn build(
 /// What libcontainer left out, done while the init waits for `start`: the
 /// mounts' flags and propagation, loopback in a new network namespace, and
 /// the terminal's size.
-fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), TierError> {
+fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> {
     let pid = container
         .pid()
-        .ok_or_else(|| TierError::Libcontainer("the created container has no init pid".into()))?
+        .ok_or_else(|| {
+            ContainerError::Libcontainer("the created container has no init pid".into())
+        })?
         .as_raw();
     fixup::apply(pid, &fixup::plan(&bundle.spec))?;
     if fixup::new_network_namespace(&bundle.spec) {

@@ -6,7 +6,7 @@ use libcgroups::common::{AnyCgroupManager, CgroupManager, FreezerState};
 use libcontainer::container::{Container, ContainerStatus};
 use nix::sys::signal::{kill, Signal};
 
-use super::{cgroup_manager, lc_error, pids, status_str, TierError};
+use super::{cgroup_manager, lc_error, pids, status_str, ContainerError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeleteError {
@@ -19,7 +19,7 @@ pub enum DeleteError {
 /// How long delete waits for SIGKILLed processes to disappear.
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
-pub fn delete(container: &mut Container, force: bool) -> Result<(), TierError> {
+pub fn delete(container: &mut Container, force: bool) -> Result<(), ContainerError> {
     let id = container.id().to_string();
     match container.status() {
         ContainerStatus::Stopped => {}
@@ -27,13 +27,11 @@ pub fn delete(container: &mut Container, force: bool) -> Result<(), TierError> {
         ContainerStatus::Created => kill_everything(container)?,
         _ if force => kill_everything(container)?,
         status => {
-            return Err(TierError::Libcontainer(
-                DeleteError::NotStopped {
-                    id,
-                    status: status_str(status),
-                }
-                .to_string(),
-            ))
+            return Err(DeleteError::NotStopped {
+                id,
+                status: status_str(status),
+            }
+            .into())
         }
     }
     container.set_status(ContainerStatus::Stopped);
@@ -60,7 +58,7 @@ pub fn delete(container: &mut Container, force: bool) -> Result<(), TierError> {
     }
     if container.root.exists() {
         std::fs::remove_dir_all(&container.root).map_err(|e| {
-            TierError::Libcontainer(format!(
+            ContainerError::Libcontainer(format!(
                 "cannot remove state directory {}: {e}",
                 container.root.display()
             ))
@@ -71,7 +69,7 @@ pub fn delete(container: &mut Container, force: bool) -> Result<(), TierError> {
 
 /// SIGKILLs every process of the container (thawing it first, since a
 /// frozen task cannot die) and waits until they are gone.
-fn kill_everything(container: &Container) -> Result<(), TierError> {
+fn kill_everything(container: &Container) -> Result<(), ContainerError> {
     let id = container.id().to_string();
     let cm = cgroup_manager(container)?;
     let _ = cm.freeze(FreezerState::Thawed);
@@ -92,9 +90,7 @@ fn kill_everything(container: &Container) -> Result<(), TierError> {
             let _ = kill(*p, Signal::SIGKILL);
         }
         if Instant::now() > deadline {
-            return Err(TierError::Libcontainer(
-                DeleteError::Unkillable { id }.to_string(),
-            ));
+            return Err(DeleteError::Unkillable { id }.into());
         }
         std::thread::sleep(Duration::from_millis(5));
     }

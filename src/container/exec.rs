@@ -11,7 +11,7 @@ use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompAction, Process, Spec};
 
 use super::console::SizedExec;
 use super::workload::Workload;
-use super::{lc_error, lsm, TierError};
+use super::{lc_error, lsm, ContainerError};
 use crate::context::Context;
 
 #[derive(Default)]
@@ -34,7 +34,7 @@ pub struct ExecOptions {
 }
 
 /// Starts a process in the container's namespaces; returns its pid.
-pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, TierError> {
+pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, ContainerError> {
     let container = super::load(ctx, id)?;
     let runnable = match container.status() {
         ContainerStatus::Running => true,
@@ -42,7 +42,7 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, TierError
         _ => false,
     };
     if !runnable {
-        return Err(TierError::NotRunning {
+        return Err(ContainerError::NotRunning {
             id: id.to_string(),
             status: super::status_str(container.status()),
         });
@@ -78,8 +78,8 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, TierError
     tenant.build().map_err(lc_error)
 }
 
-fn read_process(path: &std::path::Path) -> Result<Process, TierError> {
-    let err = |message: String| TierError::ProcessFile {
+fn read_process(path: &std::path::Path) -> Result<Process, ContainerError> {
+    let err = |message: String| ContainerError::ProcessFile {
         path: path.to_path_buf(),
         message,
     };
@@ -88,7 +88,7 @@ fn read_process(path: &std::path::Path) -> Result<Process, TierError> {
 }
 
 /// The seccomp profile the container was created with.
-fn container_seccomp(config: &std::path::Path) -> Result<Option<LinuxSeccomp>, TierError> {
+fn container_seccomp(config: &std::path::Path) -> Result<Option<LinuxSeccomp>, ContainerError> {
     let spec = Spec::load(config).map_err(lc_error)?;
     let seccomp = spec.linux().as_ref().and_then(|l| l.seccomp().clone());
     if let Some(s) = &seccomp {
@@ -98,7 +98,7 @@ fn container_seccomp(config: &std::path::Path) -> Result<Option<LinuxSeccomp>, T
             .flatten()
             .any(|r| r.action() == LinuxSeccompAction::ScmpActNotify);
         if notifies {
-            return Err(TierError::Libcontainer(
+            return Err(ContainerError::Libcontainer(
                 "exec into a container whose seccomp profile uses SCMP_ACT_NOTIFY is not supported"
                     .into(),
             ));

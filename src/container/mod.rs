@@ -15,10 +15,10 @@ use std::path::{Path, PathBuf};
 use libcgroups::common::{AnyCgroupManager, CgroupConfig, CgroupManager};
 use libcontainer::container::{Container, ContainerStatus};
 use nix::unistd::Pid;
-use serde::Serialize;
 
 use crate::context::Context;
 use crate::state::{self, Record};
+use crate::tier::RuncState;
 
 pub mod console;
 pub mod create;
@@ -29,12 +29,15 @@ pub mod fixup;
 pub mod foreground;
 pub mod idmap;
 pub mod lsm;
+mod runtime;
 pub(crate) mod sys;
 pub mod tty;
 pub mod workload;
 
+pub use runtime::Tier;
+
 #[derive(Debug, thiserror::Error)]
-pub enum TierError {
+pub enum ContainerError {
     #[error(transparent)]
     State(#[from] state::StateError),
     #[error("{0}")]
@@ -55,11 +58,30 @@ pub enum TierError {
     Console(#[from] console::ConsoleError),
     #[error("cannot read process file {path}: {message}")]
     ProcessFile { path: PathBuf, message: String },
+    #[error(transparent)]
+    Foreground(#[from] foreground::ForegroundError),
+    #[error(transparent)]
+    Tty(#[from] tty::TtyError),
+    #[error(transparent)]
+    Delete(#[from] delete::DeleteError),
+    /// A command that needs another status than the container's.
+    #[error("{0}")]
+    Status(String),
+    #[error("cannot signal {target}: {errno}")]
+    Signal {
+        target: String,
+        errno: nix::errno::Errno,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// libcontainer's errors carry their cause chain as sources; flatten it into
 /// one line because that is what the shim shows the user.
-pub fn lc_error(err: impl std::error::Error) -> TierError {
+pub fn lc_error(err: impl std::error::Error) -> ContainerError {
     let mut msg = err.to_string();
     let mut source = err.source();
     while let Some(s) = source {
@@ -70,7 +92,7 @@ pub fn lc_error(err: impl std::error::Error) -> TierError {
         }
         source = s.source();
     }
-    TierError::Libcontainer(msg)
+    ContainerError::Libcontainer(msg)
 }
 
 /// runc's status strings.
@@ -86,7 +108,7 @@ pub fn status_str(status: ContainerStatus) -> &'static str {
 
 /// Loads a container and settles its status against reality: a pid that is
 /// gone, a zombie, or a pid reused by another process means stopped.
-pub fn load(ctx: &Context, id: &str) -> Result<Container, TierError> {
+pub fn load(ctx: &Context, id: &str) -> Result<Container, ContainerError> {
     let dir = ctx.container_dir(id);
     if !dir.join("state.json").exists() {
         return Err(state::StateError::NotFound(id.to_string()).into());
@@ -115,7 +137,7 @@ pub fn load(ctx: &Context, id: &str) -> Result<Container, TierError> {
     Ok(container)
 }
 
-fn is_frozen(container: &Container) -> Result<bool, TierError> {
+fn is_frozen(container: &Container) -> Result<bool, ContainerError> {
     let cg = cgroup_path(container)?;
     let v1 = Path::new("/sys/fs/cgroup/freezer").join(cg.strip_prefix("/").unwrap_or(&cg));
     if let Ok(s) = std::fs::read_to_string(v1.join("freezer.state")) {
@@ -129,17 +151,17 @@ fn is_frozen(container: &Container) -> Result<bool, TierError> {
 }
 
 /// The container's cgroup path as libcontainer resolved it at create time.
-pub fn cgroup_path(container: &Container) -> Result<PathBuf, TierError> {
+pub fn cgroup_path(container: &Container) -> Result<PathBuf, ContainerError> {
     Ok(container.spec().map_err(lc_error)?.cgroup_path)
 }
 
-pub fn cgroup_manager(container: &Container) -> Result<AnyCgroupManager, TierError> {
+pub fn cgroup_manager(container: &Container) -> Result<AnyCgroupManager, ContainerError> {
     libcgroups::common::create_cgroup_manager(CgroupConfig {
         cgroup_path: cgroup_path(container)?,
         systemd_cgroup: container.systemd(),
         container_name: container.id().to_string(),
     })
-    .map_err(|e| TierError::Cgroup {
+    .map_err(|e| ContainerError::Cgroup {
         id: container.id().to_string(),
         message: e.to_string(),
     })
@@ -149,7 +171,7 @@ pub fn cgroup_manager(container: &Container) -> Result<AnyCgroupManager, TierErr
 pub fn update(
     container: &Container,
     resources: &oci_spec::runtime::LinuxResources,
-) -> Result<(), TierError> {
+) -> Result<(), ContainerError> {
     cgroup_manager(container)?
         .apply(&libcgroups::common::ControllerOpt {
             resources,
@@ -157,36 +179,20 @@ pub fn update(
             oom_score_adj: None,
             freezer_state: None,
         })
-        .map_err(|e| TierError::Cgroup {
+        .map_err(|e| ContainerError::Cgroup {
             id: container.id().to_string(),
             message: format!("cannot update: {e}"),
         })
 }
 
 /// Pids in the container's cgroup.
-pub fn pids(container: &Container) -> Result<Vec<Pid>, TierError> {
+pub fn pids(container: &Container) -> Result<Vec<Pid>, ContainerError> {
     cgroup_manager(container)?
         .get_all_pids()
-        .map_err(|e| TierError::Cgroup {
+        .map_err(|e| ContainerError::Cgroup {
             id: container.id().to_string(),
             message: e.to_string(),
         })
-}
-
-/// The state object exactly as runc prints it (field order included).
-#[derive(Serialize)]
-pub struct RuncState {
-    #[serde(rename = "ociVersion")]
-    pub oci_version: String,
-    pub id: String,
-    pub pid: i32,
-    pub status: &'static str,
-    pub bundle: PathBuf,
-    pub rootfs: PathBuf,
-    pub created: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub annotations: Option<std::collections::HashMap<String, String>>,
-    pub owner: String,
 }
 
 pub fn runc_state(container: &Container) -> RuncState {

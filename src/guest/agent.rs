@@ -14,7 +14,7 @@ use super::port::Port;
 use super::stream::{Exited, Read, Stream};
 use super::{sys, GuestError};
 use crate::context::Context;
-use crate::microvm::protocol::{Frame, GuestMessage, HostMessage, Kind, Reply, VERSION};
+use crate::protocol::{Frame, GuestMessage, HostMessage, Kind, Reply, VERSION};
 
 /// How long the agent waits, after a process was reaped, for its output to
 /// reach EOF before it reports the exit anyway (a background descendant

@@ -12,7 +12,7 @@ use nix::mount::{mount, MsFlags};
 use nix::sys::statfs::{statfs, FsType, TMPFS_MAGIC};
 
 use super::console;
-use crate::microvm::protocol::{PORT_NAME, SHARE_MOUNT, SHARE_TAG};
+use crate::protocol::{PORT_NAME, SHARE_MOUNT, SHARE_TAG};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {

@@ -27,7 +27,7 @@ use oci_spec::runtime::Hook;
 use super::agent::Agent;
 use super::requests::RequestError;
 use super::BUNDLE_DIR;
-use crate::microvm::protocol::{Reply, INIT_STREAM};
+use crate::protocol::{OciState, Reply, INIT_STREAM};
 
 /// The namespaces joined, by their /proc/PID/ns name. The mount namespace
 /// comes first among the joins only after every file is open (see below).
@@ -44,27 +44,21 @@ impl Agent {
     /// `RunHooks`: the startContainer hooks of the created container.
     pub(super) fn run_hooks(
         &mut self,
-        hooks: serde_json::Value,
-        state: serde_json::Value,
+        hooks: Vec<Hook>,
+        state: OciState,
     ) -> Result<Reply, RequestError> {
-        let refused =
-            |what: &str, e: serde_json::Error| RequestError::Refused(format!("{what}: {e}"));
-        let hooks: Vec<Hook> =
-            serde_json::from_value(hooks).map_err(|e| refused("invalid hooks", e))?;
-        let state: oci_spec::runtime::State =
-            serde_json::from_value(state).map_err(|e| refused("invalid hook state", e))?;
         let Some(init) = self.streams.get(&INIT_STREAM).filter(|s| s.running()) else {
             return Err(RequestError::Refused(
                 "cannot run startContainer hooks: the container's init is not running".into(),
             ));
         };
         let mut lc_state = State::new(
-            state.id(),
+            &state.id,
             ContainerStatus::Created,
-            *state.pid(),
-            state.bundle().clone(),
+            state.pid,
+            state.bundle.clone(),
         );
-        lc_state.annotations = state.annotations().clone();
+        lc_state.annotations = Some(state.annotations).filter(|a| !a.is_empty());
         let env = process_env(&Path::new(BUNDLE_DIR).join("config.json"));
         run_in_namespaces(init.pid, &hooks, &lc_state, &env).map_err(RequestError::Refused)?;
         Ok(Reply::Ok)
@@ -74,15 +68,15 @@ impl Agent {
 /// The container process's environment, the default of a hook without
 /// `env` (as runc's init hands its own to startContainer hooks).
 fn process_env(config: &Path) -> HashMap<String, String> {
-    let spec: serde_json::Value = std::fs::read(config)
-        .ok()
-        .and_then(|t| serde_json::from_slice(&t).ok())
-        .unwrap_or_default();
-    spec["process"]["env"]
-        .as_array()
+    let Ok(spec) = oci_spec::runtime::Spec::load(config) else {
+        return HashMap::new();
+    };
+    spec.process()
+        .as_ref()
+        .and_then(|p| p.env().as_ref())
         .map(|env| {
             env.iter()
-                .filter_map(|v| v.as_str()?.split_once('='))
+                .filter_map(|v| v.split_once('='))
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect()
         })

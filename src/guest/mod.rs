@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use crate::config::{Config, Isolation};
 use crate::context::Context;
 
-use crate::microvm::protocol::ProtocolError;
+use crate::protocol::ProtocolError;
 
 /// The agent's own files, on the guest's /run tmpfs.
 pub const AGENT_DIR: &str = "/run/agentvm";

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use crate::microvm::protocol::{Decoder, Frame, GuestMessage, Kind, ProtocolError, MAX_PAYLOAD};
+use crate::protocol::{Decoder, Frame, GuestMessage, Kind, ProtocolError, MAX_PAYLOAD};
 
 /// Bytes read from the port at a time.
 const READ_CHUNK: usize = 64 * 1024;

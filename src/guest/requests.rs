@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use libcontainer::container::ContainerStatus;
 use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
-use oci_spec::runtime::Process;
+use oci_spec::runtime::{LinuxResources, Process, Spec};
 
 use super::agent::Agent;
 use super::stream::{pipes, ParentStdio, Stream};
@@ -16,15 +16,15 @@ use crate::bundle::{Bundle, BundleError};
 use crate::container::create::CreateOptions;
 use crate::container::exec::ExecOptions;
 use crate::container::tty::{ConsoleSocket, TtyError};
-use crate::container::{lc_error, status_str, TierError};
-use crate::microvm::protocol::{GuestProcess, GuestStats, HostMessage, Reply, INIT_STREAM};
+use crate::container::{lc_error, status_str, ContainerError};
+use crate::protocol::{GuestProcess, GuestStats, HostMessage, Reply, INIT_STREAM};
 
 /// A request that failed; its text is the Reply::Error message, worded as
 /// runc would word it where runc has an equivalent.
 #[derive(Debug, thiserror::Error)]
 pub enum RequestError {
     #[error(transparent)]
-    Tier(#[from] TierError),
+    Tier(#[from] ContainerError),
     #[error(transparent)]
     Bundle(#[from] BundleError),
     #[error(transparent)]
@@ -61,15 +61,15 @@ impl Agent {
     /// Serves one request (all but Shutdown, which the loop handles).
     pub(super) fn handle(&mut self, msg: HostMessage) -> Reply {
         let result = match msg {
-            HostMessage::Create { spec } => self.create(spec),
+            HostMessage::Create { spec } => self.create(*spec),
             HostMessage::Start => self.start(),
             HostMessage::RunHooks { hooks, state } => self.run_hooks(hooks, state),
-            HostMessage::Exec { id, process } => self.exec(id, process),
+            HostMessage::Exec { id, process } => self.exec(id, *process),
             HostMessage::Signal { id, signal, all } => self.signal(id, signal, all),
             HostMessage::Resize { id, rows, cols } => self.resize(id, rows, cols),
             HostMessage::Ps => self.ps(),
             HostMessage::Stats => self.stats(),
-            HostMessage::Update { resources } => self.update(resources),
+            HostMessage::Update { resources } => self.update(*resources),
             HostMessage::Shutdown => Ok(Reply::Ok),
         };
         result.unwrap_or_else(|e| Reply::Error {
@@ -77,7 +77,7 @@ impl Agent {
         })
     }
 
-    fn create(&mut self, spec: serde_json::Value) -> Result<Reply, RequestError> {
+    fn create(&mut self, spec: Spec) -> Result<Reply, RequestError> {
         if self.streams.contains_key(&INIT_STREAM) || self.ctx.container_dir(CONTAINER_ID).exists()
         {
             return Err(RequestError::Refused(format!(
@@ -87,12 +87,13 @@ impl Agent {
         if let Some(e) = &self.share_error {
             return Err(RequestError::Refused(e.clone()));
         }
-        let spec = guest_spec(spec)?;
+        let spec = guest_spec(spec);
         let bundle_dir = Path::new(BUNDLE_DIR);
         std::fs::create_dir_all(bundle_dir).map_err(io(format!("cannot create {BUNDLE_DIR}")))?;
         let config = bundle_dir.join("config.json");
-        std::fs::write(&config, spec.to_string())
-            .map_err(io(format!("cannot write {}", config.display())))?;
+        let text = serde_json::to_vec(&spec)
+            .map_err(|e| RequestError::Refused(format!("cannot encode the spec: {e}")))?;
+        std::fs::write(&config, text).map_err(io(format!("cannot write {}", config.display())))?;
         let bundle = Bundle::load(bundle_dir)?;
         let terminal = bundle
             .spec
@@ -147,7 +148,7 @@ impl Agent {
         Ok(Reply::Ok)
     }
 
-    fn exec(&mut self, id: u32, process: serde_json::Value) -> Result<Reply, RequestError> {
+    fn exec(&mut self, id: u32, process: Process) -> Result<Reply, RequestError> {
         if id == INIT_STREAM {
             return Err(RequestError::Refused(
                 "exec stream ids start at 1 (0 is the container's init)".into(),
@@ -158,17 +159,16 @@ impl Agent {
                 "exec stream {id} is still in use"
             )));
         }
-        let parsed: Process = serde_json::from_value(process.clone())
-            .map_err(|e| RequestError::Refused(format!("invalid process for exec {id}: {e}")))?;
-        if parsed.args().as_ref().is_none_or(|a| a.is_empty()) {
+        if process.args().as_ref().is_none_or(|a| a.is_empty()) {
             return Err(RequestError::Refused(format!(
                 "invalid process for exec {id}: args must not be empty"
             )));
         }
         let path = PathBuf::from(format!("{AGENT_DIR}/exec-{id}.json"));
-        std::fs::write(&path, process.to_string())
-            .map_err(io(format!("cannot write {}", path.display())))?;
-        let result = self.exec_process(id, &path, parsed.terminal().unwrap_or(false));
+        let text = serde_json::to_vec(&process)
+            .map_err(|e| RequestError::Refused(format!("cannot encode the process: {e}")))?;
+        std::fs::write(&path, text).map_err(io(format!("cannot write {}", path.display())))?;
+        let result = self.exec_process(id, &path, process.terminal().unwrap_or(false));
         let _ = std::fs::remove_file(&path);
         result
     }
@@ -259,9 +259,7 @@ impl Agent {
         Ok(Reply::Pids { pids, processes })
     }
 
-    fn update(&mut self, resources: serde_json::Value) -> Result<Reply, RequestError> {
-        let resources: oci_spec::runtime::LinuxResources = serde_json::from_value(resources)
-            .map_err(|e| RequestError::Refused(format!("invalid resources: {e}")))?;
+    fn update(&mut self, resources: LinuxResources) -> Result<Reply, RequestError> {
         let container = crate::container::load(&self.ctx, CONTAINER_ID)?;
         crate::container::update(&container, &resources)?;
         Ok(Reply::Ok)
@@ -306,26 +304,17 @@ fn new_stream(pid: nix::unistd::Pid, stdio: Stdio) -> Result<Stream, RequestErro
 /// share; here only the cgroup path changes when it has no meaning in the
 /// VM: a systemd-style `slice:prefix:name` (there is no systemd in the
 /// guest) or a relative path becomes [`GUEST_CGROUP`].
-pub fn guest_spec(mut spec: serde_json::Value) -> Result<serde_json::Value, RequestError> {
-    let Some(obj) = spec.as_object_mut() else {
-        return Err(RequestError::Refused(
-            "the container spec is not a JSON object".into(),
-        ));
-    };
-    let linux = obj.entry("linux").or_insert_with(|| serde_json::json!({}));
-    let Some(linux) = linux.as_object_mut() else {
-        return Err(RequestError::Refused(
-            "the container spec's \"linux\" is not an object".into(),
-        ));
-    };
+pub fn guest_spec(mut spec: Spec) -> Spec {
+    let mut linux = spec.linux().clone().unwrap_or_default();
     let keep = linux
-        .get("cgroupsPath")
-        .and_then(|p| p.as_str())
-        .is_some_and(|p| p.starts_with('/') && !p.contains(':'));
+        .cgroups_path()
+        .as_ref()
+        .is_some_and(|p| p.is_absolute() && !p.to_string_lossy().contains(':'));
     if !keep {
-        linux.insert("cgroupsPath".into(), GUEST_CGROUP.into());
+        linux.set_cgroups_path(Some(GUEST_CGROUP.into()));
     }
-    Ok(spec)
+    spec.set_linux(Some(linux));
+    spec
 }
 
 /// What `ps` shows of a process, from /proc; `None` once it is gone.
@@ -389,26 +378,27 @@ mod tests {
     #[test]
     fn cgroup_paths_without_meaning_in_the_guest_are_replaced() {
         let cases = [
-            (serde_json::json!({}), GUEST_CGROUP),
-            (
-                serde_json::json!({"linux": {"cgroupsPath": "system.slice:docker:abc"}}),
-                GUEST_CGROUP,
-            ),
-            (
-                serde_json::json!({"linux": {"cgroupsPath": "relative/path"}}),
-                GUEST_CGROUP,
-            ),
-            (
-                serde_json::json!({"linux": {"cgroupsPath": "/docker/abc"}}),
-                "/docker/abc",
-            ),
+            (None, GUEST_CGROUP),
+            (Some("system.slice:docker:abc"), GUEST_CGROUP),
+            (Some("relative/path"), GUEST_CGROUP),
+            (Some("/docker/abc"), "/docker/abc"),
         ];
-        for (spec, want) in cases {
-            let out = guest_spec(spec).unwrap();
-            assert_eq!(out["linux"]["cgroupsPath"], want);
+        for (path, want) in cases {
+            let mut spec = Spec::default();
+            let mut linux = spec.linux().clone().unwrap_or_default();
+            linux.set_cgroups_path(path.map(Into::into));
+            spec.set_linux(Some(linux));
+            let out = guest_spec(spec);
+            let got = out.linux().as_ref().and_then(|l| l.cgroups_path().clone());
+            assert_eq!(got, Some(want.into()));
         }
-        assert!(guest_spec(serde_json::json!([1])).is_err());
-        assert!(guest_spec(serde_json::json!({"linux": 3})).is_err());
+        let mut spec = Spec::default();
+        spec.set_linux(None);
+        let got = guest_spec(spec)
+            .linux()
+            .as_ref()
+            .and_then(|l| l.cgroups_path().clone());
+        assert_eq!(got, Some(GUEST_CGROUP.into()));
     }
 
     #[test]

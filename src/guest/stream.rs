@@ -9,7 +9,7 @@ use nix::fcntl::OFlag;
 use nix::unistd::Pid;
 
 use super::sys::set_nonblocking;
-use crate::microvm::protocol::Kind;
+use crate::protocol::Kind;
 
 /// Stdin bytes the agent holds for a process that does not read them;
 /// beyond this, more input is dropped (and the host told).

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::protocol::{Frame, ProtocolError, Reply};
+use crate::protocol::{Frame, ProtocolError, Reply};
 
 /// Requests from the CLI. Each gets one [`Reply`]; after a successful
 /// `Exec` the connection carries the process's stdio (data frames, stream
@@ -23,11 +23,11 @@ pub enum SupervisorRequest {
     Ps,
     Stats,
     Exec {
-        process: serde_json::Value,
+        process: Box<oci_spec::runtime::Process>,
     },
     /// New cgroup limits for the container in the guest.
     Update {
-        resources: serde_json::Value,
+        resources: Box<oci_spec::runtime::LinuxResources>,
     },
 }
 

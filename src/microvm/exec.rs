@@ -17,18 +17,18 @@ use nix::sys::termios::{self, SetArg, Termios};
 use signal_hook::consts::signal::*;
 
 use super::client::{self, ExecControl, ExecEvent, SupervisorRequest};
-use super::protocol::{Frame, Kind, Reply, MAX_PAYLOAD};
 use super::supervisor::tty::{window_size, HostPty};
 use super::vmstate::{Status, VmState};
 use super::{failed, status_name, Result};
 use crate::context::Context;
+use crate::protocol::{Frame, Kind, Reply, MAX_PAYLOAD};
 
 /// Status of an exec whose supervisor went away before the process ended.
 const RELAY_LOST_STATUS: i32 = 255;
 
 /// How the caller wants the exec'd process attached.
 pub struct ExecRequest<'a> {
-    pub process: serde_json::Value,
+    pub process: &'a oci_spec::runtime::Process,
     pub console_socket: Option<&'a Path>,
     pub pid_file: Option<&'a Path>,
     pub detach: bool,
@@ -70,11 +70,7 @@ pub fn exec(ctx: &Context, id: &str, req: ExecRequest) -> Result<u8> {
             }
         )));
     }
-    let terminal = req
-        .process
-        .get("terminal")
-        .and_then(|t| t.as_bool())
-        .unwrap_or(false);
+    let terminal = req.process.terminal().unwrap_or(false);
     if req.console_socket.is_some() && !terminal {
         return Err(failed(
             "--console-socket is only meaningful with a terminal (process.terminal is false)",
@@ -107,7 +103,7 @@ fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result
         &dir,
         id,
         &SupervisorRequest::Exec {
-            process: req.process.clone(),
+            process: Box::new(req.process.clone()),
         },
         Duration::from_secs(60),
     )?;

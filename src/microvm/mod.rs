@@ -12,27 +12,29 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use libcgroups::common::{CgroupConfig, CgroupManager, FreezerState};
+use libcgroups::common::{CgroupManager, FreezerState};
 
 use crate::bundle::Bundle;
 use crate::config::Isolation;
-use crate::container::RuncState;
 use crate::context::Context;
 use crate::state::Record;
+use crate::tier::RuncState;
 
 pub mod client;
 pub mod exec;
 pub mod host;
 pub mod initramfs;
-pub mod protocol;
+
+mod runtime;
 pub mod sock;
 pub mod spec;
 pub mod supervisor;
 pub mod vmm;
 pub mod vmstate;
 
+use crate::protocol::{self, Reply};
 use client::SupervisorRequest;
-use protocol::Reply;
+pub use runtime::Tier;
 pub use supervisor::exit_like;
 use vmstate::{Status, VmState};
 
@@ -124,6 +126,7 @@ fn start_supervisor(
         paused: false,
         vcpus: 0,
         memory_mib: 0,
+        systemd_cgroup: ctx.systemd_cgroup,
     };
     state.save(dir)?;
 
@@ -260,13 +263,14 @@ pub fn start(ctx: &Context, id: &str) -> Result<()> {
         }
     }
     ask(ctx, id, SupervisorRequest::Start)?;
-    let spec: serde_json::Value = std::fs::read(s.bundle.join("config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_slice(&t).ok())
-        .unwrap_or_default();
     let s = load(ctx, id)?;
-    if let Err(e) = supervisor::run_hooks_public(&spec, &s, &["poststart"]) {
-        tracing::warn!("container {id}: {e}");
+    match s.spec() {
+        Ok(spec) => {
+            if let Err(e) = supervisor::run_hooks_public(&spec, &s, &["poststart"]) {
+                tracing::warn!("container {id}: {e}");
+            }
+        }
+        Err(e) => tracing::warn!("container {id}: cannot run poststart hooks: {e}"),
     }
     Ok(())
 }
@@ -310,12 +314,7 @@ pub fn ps(ctx: &Context, id: &str) -> Result<Vec<i32>> {
     if s.cgroup_path.as_os_str().is_empty() {
         return Ok(Vec::new());
     }
-    let cm = libcgroups::common::create_cgroup_manager(CgroupConfig {
-        cgroup_path: s.cgroup_path.clone(),
-        systemd_cgroup: false,
-        container_name: s.id.clone(),
-    })
-    .map_err(|e| failed(e.to_string()))?;
+    let cm = s.cgroup_manager().map_err(|e| failed(e.to_string()))?;
     let mut pids: Vec<i32> = cm
         .get_all_pids()
         .map_err(|e| failed(format!("cannot list the processes of {id}: {e}")))?
@@ -342,16 +341,15 @@ pub fn update(
         )));
     }
     spec::check_update(resources, s.vcpus, s.memory_mib).map_err(failed)?;
-    let encoded = serde_json::to_value(resources)
-        .map_err(|e| failed(format!("cannot encode resources: {e}")))?;
-    ask(ctx, id, SupervisorRequest::Update { resources: encoded })?;
+    ask(
+        ctx,
+        id,
+        SupervisorRequest::Update {
+            resources: Box::new(resources.clone()),
+        },
+    )?;
     // The VM's own host cgroup follows for what it carries (CPU, pids).
-    let cm = libcgroups::common::create_cgroup_manager(CgroupConfig {
-        cgroup_path: s.cgroup_path.clone(),
-        systemd_cgroup: false,
-        container_name: s.id.clone(),
-    })
-    .map_err(|e| failed(e.to_string()))?;
+    let cm = s.cgroup_manager().map_err(|e| failed(e.to_string()))?;
     cm.apply(&libcgroups::common::ControllerOpt {
         resources: &spec::host_limits(resources),
         disable_oom_killer: false,
@@ -379,12 +377,7 @@ pub fn stats(ctx: &Context, id: &str) -> Result<protocol::GuestStats> {
 }
 
 fn freeze(s: &VmState, state: FreezerState) -> Result<()> {
-    let cm = libcgroups::common::create_cgroup_manager(CgroupConfig {
-        cgroup_path: s.cgroup_path.clone(),
-        systemd_cgroup: false,
-        container_name: s.id.clone(),
-    })
-    .map_err(|e| failed(e.to_string()))?;
+    let cm = s.cgroup_manager().map_err(|e| failed(e.to_string()))?;
     cm.freeze(state).map_err(|e| failed(e.to_string()))
 }
 
@@ -449,11 +442,7 @@ fn destroy(ctx: &Context, id: &str) -> Result<()> {
         // The VMM and file server die with the supervisor (PDEATHSIG);
         // wait until the cgroup is empty so it can be removed.
         if !s.cgroup_path.as_os_str().is_empty() {
-            if let Ok(cm) = libcgroups::common::create_cgroup_manager(CgroupConfig {
-                cgroup_path: s.cgroup_path.clone(),
-                systemd_cgroup: false,
-                container_name: id.to_string(),
-            }) {
+            if let Ok(cm) = s.cgroup_manager() {
                 let _ = cm.freeze(FreezerState::Thawed);
                 let deadline = Instant::now() + Duration::from_secs(10);
                 loop {
@@ -484,12 +473,12 @@ fn destroy(ctx: &Context, id: &str) -> Result<()> {
                 }
             }
         }
-        let spec: serde_json::Value = std::fs::read(s.bundle.join("config.json"))
-            .ok()
-            .and_then(|t| serde_json::from_slice(&t).ok())
-            .unwrap_or_default();
         if s.supervisor_pid.is_some() {
-            if let Err(e) = supervisor::run_hooks_public(&spec, s, &["poststop"]) {
+            let hooks = s
+                .spec()
+                .map_err(|e| e.to_string())
+                .and_then(|spec| supervisor::run_hooks_public(&spec, s, &["poststop"]));
+            if let Err(e) = hooks {
                 tracing::warn!("container {id}: {e}");
             }
         }

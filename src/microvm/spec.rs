@@ -4,10 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use oci_spec::runtime::{LinuxCpu, LinuxNamespace, LinuxNamespaceType, Mount, Root, Spec};
 
-use super::protocol::SHARE_MOUNT;
 use crate::config::Config;
+use crate::protocol::SHARE_MOUNT;
 
 /// Guest memory on top of the container's limit, for the guest kernel and
 /// the agent (documented in README).
@@ -17,8 +17,23 @@ pub const MIN_MEMORY_MIB: u64 = 128;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
-    #[error("config.json: {0}")]
-    Invalid(String),
+    /// A field the microVM must interpret has a value it cannot.
+    #[error("{field}: {value:?}: {why}")]
+    Field {
+        field: String,
+        value: String,
+        why: String,
+    },
+}
+
+impl SpecError {
+    fn field(field: impl Into<String>, value: &str, why: impl Into<String>) -> SpecError {
+        SpecError::Field {
+            field: field.into(),
+            value: value.to_string(),
+            why: why.into(),
+        }
+    }
 }
 
 /// One host path that the guest reaches through the share.
@@ -34,7 +49,7 @@ pub struct Staged {
 #[derive(Debug, Clone)]
 pub struct GuestPlan {
     /// The spec for the guest agent.
-    pub spec: Value,
+    pub spec: Spec,
     /// The rootfs first, then one entry per bind mount.
     pub staged: Vec<Staged>,
     pub vcpus: u32,
@@ -99,124 +114,115 @@ pub fn check_update(
     Ok(())
 }
 
-pub fn is_bind(m: &Value) -> bool {
-    m.get("type").and_then(Value::as_str) == Some("bind")
-        || m.get("options")
-            .and_then(Value::as_array)
-            .is_some_and(|o| o.iter().any(|v| v == "bind" || v == "rbind"))
-}
-
-fn has_option(m: &Value, opt: &str) -> bool {
-    m.get("options")
-        .and_then(Value::as_array)
-        .is_some_and(|o| o.iter().any(|v| v == opt))
-}
-
 /// Builds the guest plan. `bundle` resolves relative paths; `rootfs` is the
-/// bundle's rootfs on the host.
+/// bundle's rootfs on the host. A value the VM would have to interpret and
+/// cannot is an error naming the field, never dropped.
 pub fn plan(
-    spec: &Value,
+    spec: &Spec,
     bundle: &Path,
     rootfs: &Path,
     config: &Config,
 ) -> Result<GuestPlan, SpecError> {
     let mut spec = spec.clone();
-    let obj = spec
-        .as_object_mut()
-        .ok_or_else(|| SpecError::Invalid("not a JSON object".into()))?;
     let mut warnings = Vec::new();
-    let root_ro = obj
-        .get("root")
-        .and_then(|r| r.get("readonly"))
-        .and_then(Value::as_bool)
+    let root_ro = spec
+        .root()
+        .as_ref()
+        .and_then(|r| r.readonly())
         .unwrap_or(false);
     let mut staged = vec![Staged {
         source: rootfs.to_path_buf(),
         name: "rootfs".into(),
         readonly: root_ro,
     }];
-    obj.insert(
-        "root".into(),
-        serde_json::json!({ "path": format!("{SHARE_MOUNT}/rootfs"), "readonly": root_ro }),
-    );
+    let mut root = Root::default();
+    root.set_path(PathBuf::from(format!("{SHARE_MOUNT}/rootfs")));
+    root.set_readonly(Some(root_ro));
+    spec.set_root(Some(root));
 
-    if let Some(mounts) = obj.get_mut("mounts").and_then(Value::as_array_mut) {
-        for m in mounts.iter_mut() {
-            if !is_bind(m) {
-                continue;
+    if let Some(mounts) = spec.mounts().clone() {
+        let mut rewritten = Vec::with_capacity(mounts.len());
+        for (i, mut m) in mounts.into_iter().enumerate() {
+            if is_bind(&m) {
+                let Some(src) = m.source().clone() else {
+                    return Err(SpecError::field(
+                        format!("mounts[{i}].source"),
+                        "",
+                        "a bind mount needs a source",
+                    ));
+                };
+                let src = if src.is_absolute() {
+                    src
+                } else {
+                    bundle.join(src)
+                };
+                let name = format!("m{}", staged.len());
+                let readonly = m
+                    .options()
+                    .as_ref()
+                    .is_some_and(|o| o.iter().any(|v| v == "ro"));
+                staged.push(Staged {
+                    source: src,
+                    name: name.clone(),
+                    readonly,
+                });
+                m.set_source(Some(PathBuf::from(format!("{SHARE_MOUNT}/{name}"))));
             }
-            let Some(src) = m.get("source").and_then(Value::as_str) else {
-                return Err(SpecError::Invalid("a bind mount has no source".into()));
-            };
-            let src = PathBuf::from(src);
-            let src = if src.is_absolute() {
-                src
-            } else {
-                bundle.join(src)
-            };
-            let name = format!("m{}", staged.len());
-            staged.push(Staged {
-                source: src,
-                name: name.clone(),
-                readonly: has_option(m, "ro"),
-            });
-            m["source"] = Value::String(format!("{SHARE_MOUNT}/{name}"));
+            rewritten.push(m);
         }
+        spec.set_mounts(Some(rewritten));
     }
 
     // Hooks run on the host, by the supervisor.
-    obj.remove("hooks");
+    spec.set_hooks(None);
 
     let mut vcpus = config.microvm.default_vcpus.unwrap_or(1);
     let mut memory_mib = config
         .microvm
         .default_memory_mib
         .unwrap_or(DEFAULT_MEMORY_MIB);
-    if let Some(linux) = obj.get_mut("linux").and_then(Value::as_object_mut) {
-        if let Some(nss) = linux.get_mut("namespaces").and_then(Value::as_array_mut) {
-            for ns in nss.iter_mut() {
-                if let Some(path) = ns.as_object_mut().and_then(|o| o.remove("path")) {
-                    warnings.push(format!(
-                        "namespace {} at {} is a host namespace: the guest gets a new one",
-                        ns.get("type").and_then(Value::as_str).unwrap_or("?"),
-                        path.as_str().unwrap_or("?")
-                    ));
-                }
-            }
+    if let Some(mut linux) = spec.linux().clone() {
+        if let Some(nss) = linux.namespaces().clone() {
+            let mut nss: Vec<LinuxNamespace> = nss
+                .into_iter()
+                .map(|mut ns| {
+                    if let Some(path) = ns.path().clone() {
+                        warnings.push(format!(
+                            "namespace {} at {} is a host namespace: the guest gets a new one",
+                            format!("{:?}", ns.typ()).to_lowercase(),
+                            path.display()
+                        ));
+                        ns.set_path(None);
+                    }
+                    ns
+                })
+                .collect();
             // The guest is the container's alone: it always gets a cgroup
             // namespace, so it sees its own limits at /sys/fs/cgroup as
             // with Docker on a cgroup v2 host, whatever the host runs.
-            if !nss
-                .iter()
-                .any(|ns| ns.get("type") == Some(&Value::from("cgroup")))
-            {
-                nss.push(serde_json::json!({ "type": "cgroup" }));
+            if !nss.iter().any(|ns| ns.typ() == LinuxNamespaceType::Cgroup) {
+                let mut ns = LinuxNamespace::default();
+                ns.set_typ(LinuxNamespaceType::Cgroup);
+                nss.push(ns);
             }
+            linux.set_namespaces(Some(nss));
         }
-        linux.insert("cgroupsPath".into(), Value::String("/agentvm".into()));
-        if let Some(res) = linux.get("resources") {
+        linux.set_cgroups_path(Some(PathBuf::from("/agentvm")));
+        if let Some(res) = linux.resources() {
             if let Some(limit) = res
-                .get("memory")
-                .and_then(|m| m.get("limit"))
-                .and_then(Value::as_i64)
+                .memory()
+                .as_ref()
+                .and_then(|m| m.limit())
                 .filter(|l| *l > 0)
             {
                 let mib = (limit as u64).div_ceil(1 << 20);
-                memory_mib = (mib + MEMORY_OVERHEAD_MIB).max(MIN_MEMORY_MIB);
+                memory_mib = mib.saturating_add(MEMORY_OVERHEAD_MIB).max(MIN_MEMORY_MIB);
             }
-            let cpu = res.get("cpu");
-            let quota = cpu.and_then(|c| c.get("quota")).and_then(Value::as_i64);
-            let period = cpu.and_then(|c| c.get("period")).and_then(Value::as_u64);
-            if let (Some(q), Some(p)) = (quota, period) {
-                if q > 0 && p > 0 {
-                    vcpus = (q as u64).div_ceil(p) as u32;
-                }
-            } else if let Some(cpus) = cpu.and_then(|c| c.get("cpus")).and_then(Value::as_str) {
-                if let Some(n) = count_cpuset(cpus) {
-                    vcpus = n;
-                }
+            if let Some(n) = cpu_count(res.cpu().as_ref())? {
+                vcpus = n;
             }
         }
+        spec.set_linux(Some(linux));
     }
     let host_cpus = std::thread::available_parallelism()
         .map(|n| n.get() as u32)
@@ -231,30 +237,80 @@ pub fn plan(
     })
 }
 
+/// Whether a mount is a bind mount (its type, or a bind option).
+pub fn is_bind(m: &Mount) -> bool {
+    m.typ().as_deref() == Some("bind")
+        || m.options()
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|v| v == "bind" || v == "rbind"))
+}
+
+/// The CPUs a container's limits ask for: the quota over the period, or
+/// the size of its cpuset; `None` when it asks for neither.
+fn cpu_count(cpu: Option<&LinuxCpu>) -> Result<Option<u32>, SpecError> {
+    let Some(cpu) = cpu else {
+        return Ok(None);
+    };
+    if let (Some(q), Some(p)) = (cpu.quota(), cpu.period()) {
+        if q > 0 && p > 0 {
+            let n = (q as u64).div_ceil(p);
+            return Ok(Some(u32::try_from(n).unwrap_or(u32::MAX)));
+        }
+        return Ok(None);
+    }
+    match cpu.cpus() {
+        Some(cpus) => count_cpuset(cpus)
+            .map(Some)
+            .map_err(|why| SpecError::field("linux.resources.cpu.cpus", cpus, why)),
+        None => Ok(None),
+    }
+}
+
+/// Largest CPU number a cpuset may name (the kernel's NR_CPUS limit).
+const MAX_CPU: u32 = 8191;
+
 /// Number of CPUs in a cpuset list like "0-3,5".
-fn count_cpuset(s: &str) -> Option<u32> {
+fn count_cpuset(s: &str) -> Result<u32, String> {
+    let cpu = |t: &str| -> Result<u32, String> {
+        let n: u32 = t
+            .trim()
+            .parse()
+            .map_err(|_| format!("{t:?} is not a CPU number"))?;
+        if n > MAX_CPU {
+            return Err(format!("CPU {n} is above {MAX_CPU}"));
+        }
+        Ok(n)
+    };
     let mut n = 0u32;
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
+        let count = match part.split_once('-') {
             Some((a, b)) => {
-                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
-                n += b.checked_sub(a)? + 1;
+                let (a, b) = (cpu(a)?, cpu(b)?);
+                if b < a {
+                    return Err(format!("range {part:?} ends before it starts"));
+                }
+                b - a + 1
             }
             None => {
-                part.parse::<u32>().ok()?;
-                n += 1;
+                cpu(part)?;
+                1
             }
-        }
+        };
+        // Bounded by MAX_CPU per part; the sum of many parts saturates.
+        n = n.saturating_add(count);
     }
-    (n > 0).then_some(n)
+    if n == 0 {
+        return Err("names no CPU".into());
+    }
+    Ok(n)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn spec() -> Value {
-        serde_json::json!({
+    fn spec() -> Spec {
+        serde_json::from_value(serde_json::json!({
             "ociVersion": "1.0.2",
             "process": {"args": ["true"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
             "root": {"path": "rootfs", "readonly": true},
@@ -269,25 +325,31 @@ mod tests {
                 "cgroupsPath": "/docker/abc",
                 "resources": {"memory": {"limit": 268435456}, "cpu": {"quota": 150000, "period": 100000}}
             }
-        })
+        }))
+        .unwrap()
     }
 
-    #[test]
-    fn rewrites_paths_onto_the_share_and_sizes_the_vm() {
-        let p = plan(
-            &spec(),
+    fn plan_of(spec: &Spec) -> Result<GuestPlan, SpecError> {
+        plan(
+            spec,
             Path::new("/b"),
             Path::new("/b/rootfs"),
             &Config::default(),
         )
-        .unwrap();
-        assert_eq!(p.spec["root"]["path"], format!("{SHARE_MOUNT}/rootfs"));
-        assert_eq!(p.spec["mounts"][0]["source"], "proc");
-        assert_eq!(p.spec["mounts"][1]["source"], format!("{SHARE_MOUNT}/m1"));
-        assert_eq!(p.spec["mounts"][2]["source"], format!("{SHARE_MOUNT}/m2"));
-        assert!(p.spec.get("hooks").is_none());
-        assert!(p.spec["linux"]["namespaces"][0].get("path").is_none());
-        assert_eq!(p.spec["linux"]["cgroupsPath"], "/agentvm");
+    }
+
+    #[test]
+    fn rewrites_paths_onto_the_share_and_sizes_the_vm() {
+        let p = plan_of(&spec()).unwrap();
+        let v = serde_json::to_value(&p.spec).unwrap();
+        assert_eq!(v["root"]["path"], format!("{SHARE_MOUNT}/rootfs"));
+        assert_eq!(v["mounts"][0]["source"], "proc");
+        assert_eq!(v["mounts"][1]["source"], format!("{SHARE_MOUNT}/m1"));
+        assert_eq!(v["mounts"][2]["source"], format!("{SHARE_MOUNT}/m2"));
+        assert!(v.get("hooks").is_none());
+        assert!(v["linux"]["namespaces"][0].get("path").is_none());
+        assert_eq!(v["linux"]["namespaces"][2]["type"], "cgroup");
+        assert_eq!(v["linux"]["cgroupsPath"], "/agentvm");
         assert_eq!(p.staged.len(), 3);
         assert_eq!(p.staged[0].source, PathBuf::from("/b/rootfs"));
         assert!(p.staged[0].readonly);
@@ -303,11 +365,53 @@ mod tests {
         assert_eq!(p.warnings.len(), 1);
     }
 
+    fn with_cpus(cpus: &str) -> Spec {
+        let mut s = spec();
+        let mut linux = s.linux().clone().unwrap();
+        let mut res = linux.resources().clone().unwrap();
+        let mut cpu = LinuxCpu::default();
+        cpu.set_cpus(Some(cpus.to_string()));
+        res.set_cpu(Some(cpu));
+        linux.set_resources(Some(res));
+        s.set_linux(Some(linux));
+        s
+    }
+
     #[test]
     fn cpusets() {
-        assert_eq!(count_cpuset("0-3,5"), Some(5));
-        assert_eq!(count_cpuset("1"), Some(1));
-        assert_eq!(count_cpuset("3-1"), None);
-        assert_eq!(count_cpuset("x"), None);
+        assert_eq!(count_cpuset("0-3,5"), Ok(5));
+        assert_eq!(count_cpuset("1"), Ok(1));
+        assert!(count_cpuset("3-1").is_err());
+        assert!(count_cpuset("x").is_err());
+        assert!(count_cpuset("").is_err());
+        assert!(count_cpuset("0-4294967295").is_err());
+        assert_eq!(count_cpuset("0-8191"), Ok(8192));
+    }
+
+    #[test]
+    fn a_malformed_cpuset_is_an_error_naming_the_field() {
+        for bad in ["0-99999999999", "0-4294967295", "7-2", "one", ","] {
+            let err = plan_of(&with_cpus(bad)).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("linux.resources.cpu.cpus: {bad:?}: ")),
+                "{err}"
+            );
+        }
+        assert_eq!(plan_of(&with_cpus("0")).unwrap().vcpus, 1);
+    }
+
+    #[test]
+    fn a_huge_quota_is_bounded_by_the_host() {
+        let mut s = spec();
+        let mut linux = s.linux().clone().unwrap();
+        let mut res = linux.resources().clone().unwrap();
+        let mut cpu = LinuxCpu::default();
+        cpu.set_quota(Some(i64::MAX));
+        cpu.set_period(Some(1));
+        res.set_cpu(Some(cpu));
+        linux.set_resources(Some(res));
+        s.set_linux(Some(linux));
+        let host = std::thread::available_parallelism().unwrap().get() as u32;
+        assert_eq!(plan_of(&s).unwrap().vcpus, host);
     }
 }

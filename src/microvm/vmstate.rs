@@ -45,9 +45,29 @@ pub struct VmState {
     pub vcpus: u32,
     #[serde(default)]
     pub memory_mib: u64,
+    /// The host cgroup is a systemd unit (`--systemd-cgroup`).
+    #[serde(default)]
+    pub systemd_cgroup: bool,
 }
 
 impl VmState {
+    /// The manager of the VM's host cgroup (supervisor, VMM, file server).
+    pub fn cgroup_manager(
+        &self,
+    ) -> Result<libcgroups::common::AnyCgroupManager, libcgroups::common::CreateCgroupSetupError>
+    {
+        libcgroups::common::create_cgroup_manager(libcgroups::common::CgroupConfig {
+            cgroup_path: self.cgroup_path.clone(),
+            systemd_cgroup: self.systemd_cgroup,
+            container_name: self.id.clone(),
+        })
+    }
+
+    /// The container's spec, from its bundle.
+    pub fn spec(&self) -> Result<oci_spec::runtime::Spec, oci_spec::OciSpecError> {
+        oci_spec::runtime::Spec::load(self.bundle.join("config.json"))
+    }
+
     pub fn path(dir: &Path) -> PathBuf {
         dir.join(STATE_FILE)
     }

@@ -13,13 +13,11 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use super::host::{Accel, Host};
-use super::protocol::{Frame, GuestMessage, HostMessage, Reply, VERSION};
 use super::vmm::{qemu::Qemu, Backend, Vm, VmConfig};
 use super::vmstate::{Status, VmState, CONSOLE_LOG};
 use crate::config::Config;
+use crate::protocol::{Frame, GuestMessage, HostMessage, Reply, VERSION};
 use crate::state::process_start_time;
 
 mod serve;
@@ -69,8 +67,8 @@ pub enum SupervisorError {
     Other(String),
 }
 
-impl From<super::protocol::ProtocolError> for SupervisorError {
-    fn from(e: super::protocol::ProtocolError) -> SupervisorError {
+impl From<crate::protocol::ProtocolError> for SupervisorError {
+    fn from(e: crate::protocol::ProtocolError) -> SupervisorError {
         if e.is_violation() {
             SupervisorError::Violation(e.to_string())
         } else {
@@ -83,6 +81,9 @@ pub struct Args {
     pub dir: PathBuf,
     pub console_socket: Option<PathBuf>,
     pub config: Config,
+    /// `--systemd-cgroup`: the spec's cgroupsPath is `slice:prefix:name`
+    /// and the VM's cgroup is a systemd scope, as in the container tier.
+    pub systemd_cgroup: bool,
 }
 
 /// Reports the outcome of boot to the waiting `create`, once.
@@ -135,9 +136,8 @@ pub struct Booted {
 fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     let dir = &args.dir;
     let mut state = VmState::load(dir)?;
-    let spec_text = std::fs::read(state.bundle.join("config.json"))
-        .map_err(|e| SupervisorError::Other(format!("cannot read config.json: {e}")))?;
-    let spec: Value = serde_json::from_slice(&spec_text)
+    let spec = state
+        .spec()
         .map_err(|e| SupervisorError::Other(format!("config.json: {e}")))?;
     let host = Host::probe(&args.config)?;
 
@@ -145,7 +145,8 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     if let Some(warning) = stage::network(&spec)? {
         tracing::warn!("container {}: {warning}", state.id);
     }
-    state.cgroup_path = stage::cgroup(&spec, &state.id)?;
+    state.systemd_cgroup = args.systemd_cgroup;
+    state.cgroup_path = stage::cgroup(&spec, &state.id, args.systemd_cgroup)?;
     state.supervisor_pid = Some(std::process::id() as i32);
     state.supervisor_start_time = process_start_time(std::process::id() as i32);
     state.accel = host.accel.as_str().to_string();
@@ -163,7 +164,11 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     let share_dir = dir.join("share");
     stage::share(&share_dir, &plan.staged)?;
 
-    let terminal = spec["process"]["terminal"].as_bool().unwrap_or(false);
+    let terminal = spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.terminal())
+        .unwrap_or(false);
     let host_pty = match (&args.console_socket, terminal) {
         (Some(sock), true) => {
             let pty = tty::HostPty::open_and_send(sock)?;
@@ -224,7 +229,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     let reply = serve::send_and_wait(
         &mut guest,
         &HostMessage::Create {
-            spec: plan.spec.clone(),
+            spec: Box::new(plan.spec.clone()),
         },
         timeout,
     );
@@ -347,7 +352,7 @@ fn handshake(
                     }
                 }
             }
-            Some(Err(super::protocol::ProtocolError::Io(e)))
+            Some(Err(crate::protocol::ProtocolError::Io(e)))
                 if matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut

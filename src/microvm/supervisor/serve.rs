@@ -9,15 +9,16 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use oci_spec::runtime::{Process, Spec};
 use signal_hook::consts::signal::*;
 
 use super::{Args, Booted, SupervisorError, VM_LOST_STATUS};
 use crate::microvm::client::{ExecControl, ExecEvent, SupervisorRequest};
-use crate::microvm::protocol::{
-    Frame, GuestMessage, HostMessage, Kind, ProtocolError, Reply, INIT_STREAM, MAX_PAYLOAD,
-};
 use crate::microvm::vmstate::{Status, VmState};
+use crate::protocol::{
+    Frame, GuestMessage, HostMessage, Kind, OciState, ProtocolError, Reply, INIT_STREAM,
+    MAX_PAYLOAD,
+};
 
 /// How long a request to the guest may take before the guest is declared
 /// unresponsive.
@@ -68,12 +69,10 @@ pub fn send_and_wait(
 
 /// Runs the spec's hooks of the given kinds on the host, with the
 /// supervisor as the container's pid.
-pub fn run_hooks(spec: &Value, state: &VmState, kinds: &[&str]) -> Result<(), String> {
-    let Some(hooks) = spec.get("hooks") else {
+pub fn run_hooks(spec: &Spec, state: &VmState, kinds: &[&str]) -> Result<(), String> {
+    let Some(hooks) = spec.hooks() else {
         return Ok(());
     };
-    let hooks: oci_spec::runtime::Hooks =
-        serde_json::from_value(hooks.clone()).map_err(|e| format!("hooks: {e}"))?;
     let status = match state.status {
         Status::Creating => libcontainer::container::ContainerStatus::Creating,
         Status::Created => libcontainer::container::ContainerStatus::Created,
@@ -499,36 +498,30 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
 /// `None` when the spec has none.
 fn start_container_hooks(dir: &std::path::Path) -> Result<Option<HostMessage>, String> {
     let state = VmState::load(dir).map_err(|e| e.to_string())?;
-    let config = state.bundle.join("config.json");
-    let spec: Value = std::fs::read(&config)
-        .map_err(|e| format!("cannot read {}: {e}", config.display()))
-        .and_then(|t| {
-            serde_json::from_slice(&t).map_err(|e| format!("{}: {e}", config.display()))
-        })?;
-    let hooks = &spec["hooks"]["startContainer"];
-    if hooks.as_array().is_none_or(|h| h.is_empty()) {
+    let spec = state.spec().map_err(|e| format!("config.json: {e}"))?;
+    let hooks = spec
+        .hooks()
+        .as_ref()
+        .and_then(|h| h.start_container().clone())
+        .unwrap_or_default();
+    if hooks.is_empty() {
         return Ok(None);
     }
-    let mut oci = serde_json::json!({
-        "ociVersion": oci_spec::runtime::VERSION,
-        "id": state.id,
-        "status": "created",
-        "bundle": state.bundle,
-    });
-    if let Some(pid) = state.supervisor_pid {
-        oci["pid"] = pid.into();
-    }
-    if !state.annotations.is_empty() {
-        oci["annotations"] = serde_json::to_value(&state.annotations).map_err(|e| e.to_string())?;
-    }
     Ok(Some(HostMessage::RunHooks {
-        hooks: hooks.clone(),
-        state: oci,
+        hooks,
+        state: OciState {
+            oci_version: oci_spec::runtime::VERSION.to_string(),
+            id: state.id.clone(),
+            status: "created".into(),
+            pid: state.supervisor_pid,
+            bundle: state.bundle.clone(),
+            annotations: state.annotations.clone(),
+        },
     }))
 }
 
 /// Starts an exec'd process and turns the connection into its stream.
-fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Value) {
+fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Box<Process>) {
     let id = shared.next_exec.fetch_add(1, Ordering::Relaxed);
     match conn.try_clone() {
         Ok(c) => {

@@ -8,8 +8,7 @@ use libcgroups::common::{CgroupConfig, CgroupManager, ControllerOpt};
 use nix::mount::{mount, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 use nix::unistd::Pid;
-use oci_spec::runtime::LinuxResources;
-use serde_json::Value;
+use oci_spec::runtime::{LinuxNamespaceType, Spec};
 
 use crate::microvm::spec::{is_bind, Staged};
 
@@ -52,20 +51,22 @@ pub fn private_mounts() -> Result<(), StageError> {
 
 /// Joins or creates the network namespace the spec names. Returns a
 /// warning when the container's network cannot reach the guest yet.
-pub fn network(spec: &Value) -> Result<Option<String>, StageError> {
-    let ns = spec["linux"]["namespaces"]
-        .as_array()
-        .and_then(|a| a.iter().find(|n| n["type"] == "network"));
+pub fn network(spec: &Spec) -> Result<Option<String>, StageError> {
+    let ns = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_ref())
+        .and_then(|a| a.iter().find(|n| n.typ() == LinuxNamespaceType::Network));
     let Some(ns) = ns else {
         return Ok(None);
     };
-    match ns["path"].as_str() {
+    match ns.path() {
         Some(path) => {
             let f = std::fs::File::open(path).map_err(|source| StageError::Io {
-                what: format!("open network namespace {path}"),
+                what: format!("open network namespace {}", path.display()),
                 source,
             })?;
-            setns(f, CloneFlags::CLONE_NEWNET).map_err(sys(format!("join {path}")))?;
+            setns(f, CloneFlags::CLONE_NEWNET).map_err(sys(format!("join {}", path.display())))?;
         }
         None => unshare(CloneFlags::CLONE_NEWNET).map_err(sys("unshare network namespace"))?,
     }
@@ -76,29 +77,37 @@ pub fn network(spec: &Value) -> Result<Option<String>, StageError> {
     ))
 }
 
+/// The VM's host cgroup when the spec names none: under our own tree, or
+/// a scope in system.slice with `--systemd-cgroup` (runc's default shape).
+pub fn default_cgroup_path(id: &str, systemd: bool) -> PathBuf {
+    if systemd {
+        PathBuf::from(format!("system.slice:agentvm:{id}"))
+    } else {
+        PathBuf::from(format!("/agentvm/{id}"))
+    }
+}
+
 /// The supervisor's cgroup: created at the spec's cgroupsPath, with the
 /// CPU and pids limits applied (the memory limit is the guest's RAM, not a
 /// host limit on the VMM, which needs headroom beyond it).
-pub fn cgroup(spec: &Value, id: &str) -> Result<PathBuf, StageError> {
-    let path = spec["linux"]["cgroupsPath"]
-        .as_str()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(format!("/agentvm/{id}")));
+pub fn cgroup(spec: &Spec, id: &str, systemd: bool) -> Result<PathBuf, StageError> {
+    let linux = spec.linux().as_ref();
+    let path = linux
+        .and_then(|l| l.cgroups_path().clone())
+        .unwrap_or_else(|| default_cgroup_path(id, systemd));
     let err = |message: String| StageError::Cgroup {
         path: path.clone(),
         message,
     };
     let cm = libcgroups::common::create_cgroup_manager(CgroupConfig {
         cgroup_path: path.clone(),
-        systemd_cgroup: false,
+        systemd_cgroup: systemd,
         container_name: id.to_string(),
     })
     .map_err(|e| err(e.to_string()))?;
     cm.add_task(Pid::this()).map_err(|e| err(e.to_string()))?;
-    let full: Option<LinuxResources> =
-        serde_json::from_value(spec["linux"]["resources"].clone()).ok();
-    if let Some(full) = full {
-        let r = crate::microvm::spec::host_limits(&full);
+    if let Some(full) = linux.and_then(|l| l.resources().as_ref()) {
+        let r = crate::microvm::spec::host_limits(full);
         cm.apply(&ControllerOpt {
             resources: &r,
             disable_oom_killer: false,
@@ -114,30 +123,21 @@ pub fn cgroup(spec: &Value, id: &str) -> Result<PathBuf, StageError> {
 /// runc does before it makes the root read-only: the guest cannot, since
 /// the share is read-only already. A mount inside another mount's
 /// destination (`/dev/pts` in `/dev`) is made by the guest in that mount.
-pub fn mount_points(spec: &Value, bundle: &Path, rootfs: &Path) -> Result<(), StageError> {
-    let mounts = spec
-        .get("mounts")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let dest_of = |m: &Value| {
-        m.get("destination")
-            .and_then(Value::as_str)
-            .map(PathBuf::from)
-    };
-    let dests: Vec<PathBuf> = mounts.iter().filter_map(dest_of).collect();
+pub fn mount_points(spec: &Spec, bundle: &Path, rootfs: &Path) -> Result<(), StageError> {
+    let mounts = spec.mounts().as_deref().unwrap_or_default();
+    let dests: Vec<&Path> = mounts.iter().map(|m| m.destination().as_path()).collect();
     for m in mounts {
-        let Some(dest) = dest_of(m) else { continue };
-        if dests.iter().any(|d| d != &dest && dest.starts_with(d)) {
+        let dest = m.destination();
+        if dests.iter().any(|d| *d != dest && dest.starts_with(d)) {
             continue;
         }
         let file = is_bind(m)
-            && m.get("source")
-                .and_then(Value::as_str)
+            && m.source()
+                .as_ref()
                 .map(|src| bundle.join(src))
                 .and_then(|src| std::fs::metadata(src).ok())
                 .is_some_and(|md| !md.is_dir());
-        crate::container::cwd::ensure_mount_point(rootfs, &dest, file)?;
+        crate::container::cwd::ensure_mount_point(rootfs, dest, file)?;
     }
     Ok(())
 }

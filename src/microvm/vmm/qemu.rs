@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::{die_with_parent, Backend, Vm, VmConfig, VmmError};
-use crate::microvm::protocol::{PORT_NAME, SHARE_TAG};
+use crate::protocol::{PORT_NAME, SHARE_TAG};
 
 pub struct Qemu {
     pub qemu: PathBuf,

@@ -19,6 +19,7 @@
 
 use std::io::{Read, Write};
 
+use oci_spec::runtime::{Hook, LinuxResources, Process, Spec};
 use serde::{Deserialize, Serialize};
 
 /// Protocol version, exchanged in [`GuestMessage::Hello`].
@@ -226,21 +227,17 @@ pub enum HostMessage {
     /// Create the container from a complete OCI spec whose paths are guest
     /// paths (the host rewrote root and bind mounts onto the shares).
     /// Reply: `Created { pid }`.
-    Create { spec: serde_json::Value },
+    Create { spec: Box<Spec> },
     /// Start the created container's process. Reply: `Ok`.
     Start,
-    /// Run OCI hooks (a JSON list of `{path, args, env, timeout}`) in order
-    /// in the created container's namespaces, each with `state` (the OCI
-    /// state as the host shows it) on its stdin: the startContainer hooks,
-    /// sent just before `Start`. Reply: `Ok`, or `Error` naming the hook
-    /// that failed.
-    RunHooks {
-        hooks: serde_json::Value,
-        state: serde_json::Value,
-    },
-    /// Run a process (an OCI `process` object) in the container as stream
-    /// `id` (> 0). Reply: `Started { pid }`.
-    Exec { id: u32, process: serde_json::Value },
+    /// Run OCI hooks in order in the created container's namespaces, each
+    /// with `state` (the OCI state as the host shows it) on its stdin: the
+    /// startContainer hooks, sent just before `Start`. Reply: `Ok`, or
+    /// `Error` naming the hook that failed.
+    RunHooks { hooks: Vec<Hook>, state: OciState },
+    /// Run a process in the container as stream `id` (> 0).
+    /// Reply: `Started { pid }`.
+    Exec { id: u32, process: Box<Process> },
     /// Send `signal` to the process of stream `id`, or to every process of
     /// the container with `all`. Reply: `Ok`.
     Signal { id: u32, signal: i32, all: bool },
@@ -250,11 +247,24 @@ pub enum HostMessage {
     Ps,
     /// Guest memory and CPU use. Reply: `Stats`.
     Stats,
-    /// Change the container's cgroup limits in the guest (an OCI
-    /// `linux.resources` object). Reply: `Ok`.
-    Update { resources: serde_json::Value },
+    /// Change the container's cgroup limits in the guest. Reply: `Ok`.
+    Update { resources: Box<LinuxResources> },
     /// Kill everything, sync and power off. Reply: `Ok`, then the VM ends.
     Shutdown,
+}
+
+/// The OCI state a hook reads on its stdin, as `agentvm state` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OciState {
+    #[serde(rename = "ociVersion")]
+    pub oci_version: String,
+    pub id: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    pub bundle: std::path::PathBuf,
+    #[serde(default, skip_serializing_if = "std::collections::HashMap::is_empty")]
+    pub annotations: std::collections::HashMap<String, String>,
 }
 
 /// Results of a host request.

@@ -1,0 +1,240 @@
+//! The container tier behind the [`crate::tier::Tier`] seam: each runc
+//! command on libcontainer, with the runc behaviour libcontainer lacks.
+
+use libcgroups::common::{CgroupManager, FreezerState};
+use libcgroups::stats::Stats;
+use libcontainer::container::ContainerStatus;
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use oci_spec::runtime::LinuxResources;
+
+use super::create::CreateOptions;
+use super::exec::ExecOptions;
+use super::tty::{ConsoleSocket, Relay};
+use super::{cgroup_manager, foreground, lc_error, load, pids, status_str, ContainerError};
+use crate::config::Isolation;
+use crate::context::Context;
+use crate::tier::{self, CreateRequest, ExecRequest, ProcessTable, RuncState};
+
+/// Containers on the host kernel: namespaces, cgroups, seccomp, capabilities.
+pub struct Tier;
+
+fn status_error(msg: String) -> tier::TierError {
+    ContainerError::Status(msg).into()
+}
+
+impl tier::Tier for Tier {
+    fn isolation(&self) -> Isolation {
+        Isolation::Container
+    }
+
+    fn create(&self, ctx: &Context, req: &CreateRequest) -> tier::Result<()> {
+        let opts = CreateOptions {
+            pid_file: req.pid_file.map(Into::into),
+            console_socket: req.console_socket.map(Into::into),
+            preserve_fds: req.preserve_fds,
+            no_pivot: req.no_pivot,
+            detached: req.detached,
+            ..Default::default()
+        };
+        super::create::create(ctx, req.id, req.bundle, opts)?;
+        Ok(())
+    }
+
+    fn start(&self, ctx: &Context, id: &str) -> tier::Result<()> {
+        let mut container = load(ctx, id)?;
+        match container.status() {
+            ContainerStatus::Created => {}
+            ContainerStatus::Stopped => {
+                return Err(status_error(
+                    "cannot start a container that has stopped".into(),
+                ))
+            }
+            other => {
+                return Err(status_error(format!(
+                "cannot start container {id} in status {}: only a created container can be started",
+                status_str(other)
+            )))
+            }
+        }
+        container.start().map_err(lc_error)?;
+        Ok(())
+    }
+
+    fn state(&self, ctx: &Context, id: &str) -> tier::Result<RuncState> {
+        Ok(super::runc_state(&load(ctx, id)?))
+    }
+
+    fn kill(&self, ctx: &Context, id: &str, signal: Signal, all: bool) -> tier::Result<()> {
+        let container = load(ctx, id)?;
+        let status = container.status();
+        if all {
+            // As runc: --all also reaches leftovers of a stopped container.
+            let cm = cgroup_manager(&container)?;
+            let frozen = cm.freeze(FreezerState::Frozen).is_ok();
+            for pid in pids(&container)? {
+                match kill(pid, signal) {
+                    Ok(()) | Err(Errno::ESRCH) => {}
+                    Err(errno) => {
+                        return Err(ContainerError::Signal {
+                            target: format!("process {pid}"),
+                            errno,
+                        }
+                        .into())
+                    }
+                }
+            }
+            // Leave a paused container frozen, unless it is being killed.
+            if frozen && (status != ContainerStatus::Paused || signal == Signal::SIGKILL) {
+                let _ = cm.freeze(FreezerState::Thawed);
+            }
+            return Ok(());
+        }
+        if matches!(status, ContainerStatus::Stopped | ContainerStatus::Creating) {
+            return Err(status_error(format!("container {id} is not running")));
+        }
+        let pid = container
+            .pid()
+            .ok_or_else(|| status_error(format!("container {id} has no init process")))?;
+        match kill(pid, signal) {
+            Ok(()) | Err(Errno::ESRCH) => {}
+            Err(errno) => {
+                return Err(ContainerError::Signal {
+                    target: format!("container {id}"),
+                    errno,
+                }
+                .into())
+            }
+        }
+        // A frozen task cannot act on SIGKILL: thaw so it dies (runc does too).
+        if status == ContainerStatus::Paused && signal == Signal::SIGKILL {
+            let _ = cgroup_manager(&container)?.freeze(FreezerState::Thawed);
+        }
+        Ok(())
+    }
+
+    fn delete(&self, ctx: &Context, id: &str, force: bool) -> tier::Result<()> {
+        let mut container = load(ctx, id)?;
+        super::delete::delete(&mut container, force)?;
+        Ok(())
+    }
+
+    fn pause(&self, ctx: &Context, id: &str) -> tier::Result<()> {
+        let mut c = load(ctx, id)?;
+        if c.status() != ContainerStatus::Running {
+            return Err(status_error(format!(
+                "cannot pause container {id}: it is {}, not running",
+                status_str(c.status())
+            )));
+        }
+        c.pause().map_err(lc_error)?;
+        Ok(())
+    }
+
+    fn resume(&self, ctx: &Context, id: &str) -> tier::Result<()> {
+        let mut c = load(ctx, id)?;
+        if c.status() != ContainerStatus::Paused {
+            return Err(status_error(format!(
+                "cannot resume container {id}: it is {}, not paused",
+                status_str(c.status())
+            )));
+        }
+        c.resume().map_err(lc_error)?;
+        Ok(())
+    }
+
+    fn host_pids(&self, ctx: &Context, id: &str) -> tier::Result<Vec<i32>> {
+        Ok(pids(&load(ctx, id)?)?.iter().map(|p| p.as_raw()).collect())
+    }
+
+    fn process_table(&self, ctx: &Context, id: &str, _: &[String]) -> tier::Result<ProcessTable> {
+        Ok(ProcessTable::Host(self.host_pids(ctx, id)?))
+    }
+
+    fn stats(&self, ctx: &Context, id: &str) -> tier::Result<Option<Stats>> {
+        let container = load(ctx, id)?;
+        if container.status() == ContainerStatus::Stopped {
+            return Ok(None);
+        }
+        let stats = cgroup_manager(&container)?
+            .stats()
+            .map_err(|e| ContainerError::Cgroup {
+                id: id.to_string(),
+                message: format!("cannot read stats: {e}"),
+            })?;
+        Ok(Some(stats))
+    }
+
+    fn update(&self, ctx: &Context, id: &str, resources: &LinuxResources) -> tier::Result<()> {
+        super::update(&load(ctx, id)?, resources)?;
+        Ok(())
+    }
+
+    fn exec(&self, ctx: &Context, req: &ExecRequest) -> tier::Result<u8> {
+        let dir = ctx.container_dir(req.id);
+        if !dir.join("state.json").exists() {
+            return Err(crate::state::StateError::NotFound(req.id.to_string()).into());
+        }
+        // libcontainer reads the process from a file: write it next to the
+        // container's state, and remove it whatever happens.
+        let path = dir.join(format!(".exec-{}.json", std::process::id()));
+        let data = serde_json::to_vec(req.process).map_err(|e| ContainerError::Write {
+            path: path.clone(),
+            source: e.into(),
+        })?;
+        std::fs::write(&path, data).map_err(|source| ContainerError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        let result = exec_process(ctx, req, &path).map_err(Into::into);
+        let _ = std::fs::remove_file(&path);
+        result
+    }
+
+    fn init_pid(&self, ctx: &Context, id: &str) -> tier::Result<Pid> {
+        let container = load(ctx, id)?;
+        Ok(container
+            .pid()
+            .ok_or_else(|| status_error(format!("container {id} has no init pid")))?)
+    }
+}
+
+fn exec_process(
+    ctx: &Context,
+    req: &ExecRequest,
+    process_path: &std::path::Path,
+) -> Result<u8, ContainerError> {
+    let terminal = req.process.terminal().unwrap_or(false);
+    let own_socket = if terminal && !req.detach && req.console_socket.is_none() {
+        Some(ConsoleSocket::bind(&ctx.root, req.id)?)
+    } else {
+        None
+    };
+    if !req.detach {
+        foreground::become_subreaper()?;
+    }
+    let opts = ExecOptions {
+        process: Some(process_path.to_path_buf()),
+        console_socket: match &own_socket {
+            Some(s) => Some(s.path().to_path_buf()),
+            None => req.console_socket.map(Into::into),
+        },
+        pid_file: req.pid_file.map(Into::into),
+        detach: req.detach || own_socket.is_some(),
+        preserve_fds: req.preserve_fds,
+        ignore_paused: req.ignore_paused,
+        sub_cgroup: req.cgroup.map(Into::into),
+        ..Default::default()
+    };
+    let pid = super::exec::exec(ctx, req.id, opts)?;
+    if req.detach {
+        return Ok(0);
+    }
+    let relay = match &own_socket {
+        Some(s) => Some(Relay::new(s.receive_master()?)),
+        None => None,
+    };
+    drop(own_socket);
+    Ok(foreground::wait(pid, relay)?)
+}

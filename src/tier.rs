@@ -1,0 +1,145 @@
+//! The seam between the command line and the isolation tiers.
+//!
+//! Every stateful runc command is one method of [`Tier`]; `container::Tier`
+//! runs containers on the host kernel through libcontainer and
+//! `microvm::Tier` in their own microVM. The command line parses its
+//! arguments, picks the implementation once — [`for_isolation`] when a
+//! container is created, [`of_container`] for one that exists — and calls
+//! it. A third kind of backend is one more implementation of this trait.
+
+use std::path::{Path, PathBuf};
+
+use libcgroups::stats::Stats;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use oci_spec::runtime::{LinuxResources, Process};
+
+use crate::bundle::Bundle;
+use crate::config::Isolation;
+use crate::context::Context;
+use crate::protocol::GuestProcess;
+use crate::state::{self, StateError};
+
+/// The state object exactly as runc prints it (field order included).
+#[derive(Debug, serde::Serialize)]
+pub struct RuncState {
+    #[serde(rename = "ociVersion")]
+    pub oci_version: String,
+    pub id: String,
+    pub pid: i32,
+    pub status: &'static str,
+    pub bundle: PathBuf,
+    pub rootfs: PathBuf,
+    pub created: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<std::collections::HashMap<String, String>>,
+    pub owner: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    #[error(transparent)]
+    Container(#[from] crate::container::ContainerError),
+    #[error(transparent)]
+    Microvm(#[from] crate::microvm::MicrovmError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// A runc feature this tier does not provide; the message says why.
+    #[error("{what} is not supported by the {tier} tier{why}")]
+    Unsupported {
+        what: &'static str,
+        tier: Isolation,
+        why: &'static str,
+    },
+}
+
+impl TierError {
+    pub fn unsupported(what: &'static str, tier: Isolation, why: &'static str) -> TierError {
+        TierError::Unsupported { what, tier, why }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, TierError>;
+
+/// What `create` (and `run`) hand to a tier, checked and made absolute.
+pub struct CreateRequest<'a> {
+    pub id: &'a str,
+    pub bundle: &'a Bundle,
+    pub console_socket: Option<&'a Path>,
+    pub pid_file: Option<&'a Path>,
+    pub preserve_fds: i32,
+    pub no_pivot: bool,
+    /// False for a foreground `run` that relays the terminal itself.
+    pub detached: bool,
+}
+
+/// An `exec`, the process already built from `--process` or the flags.
+pub struct ExecRequest<'a> {
+    pub id: &'a str,
+    pub process: &'a Process,
+    pub console_socket: Option<&'a Path>,
+    pub pid_file: Option<&'a Path>,
+    pub detach: bool,
+    pub preserve_fds: i32,
+    pub ignore_paused: bool,
+    /// `exec --cgroup`: a sub-cgroup of the container's.
+    pub cgroup: Option<&'a str>,
+}
+
+/// The processes of a container as `ps` shows them.
+pub enum ProcessTable {
+    /// Host pids: the table is the host's `ps` output filtered to them.
+    Host(Vec<i32>),
+    /// The processes as the guest kernel sees them (a microVM's workload).
+    Guest(Vec<GuestProcess>),
+}
+
+/// One isolation tier. Each method is one runc command on an existing
+/// container (but `create`), called with the container's lock held as the
+/// command needs it.
+pub trait Tier {
+    fn isolation(&self) -> Isolation;
+    /// Creates the container. The caller holds the root lock and has
+    /// checked that the id is free; on failure nothing is left behind.
+    fn create(&self, ctx: &Context, req: &CreateRequest) -> Result<()>;
+    fn start(&self, ctx: &Context, id: &str) -> Result<()>;
+    fn state(&self, ctx: &Context, id: &str) -> Result<RuncState>;
+    fn kill(&self, ctx: &Context, id: &str, signal: Signal, all: bool) -> Result<()>;
+    fn delete(&self, ctx: &Context, id: &str, force: bool) -> Result<()>;
+    fn pause(&self, ctx: &Context, id: &str) -> Result<()>;
+    fn resume(&self, ctx: &Context, id: &str) -> Result<()>;
+    /// The container's processes in the host's process table: what
+    /// `ps --format json` prints and the shim and `docker top` look up.
+    fn host_pids(&self, ctx: &Context, id: &str) -> Result<Vec<i32>>;
+    /// What `ps` shows as a table.
+    fn process_table(&self, ctx: &Context, id: &str, ps_args: &[String]) -> Result<ProcessTable>;
+    /// One stats sample; `None` once the container has stopped.
+    fn stats(&self, ctx: &Context, id: &str) -> Result<Option<Stats>>;
+    fn update(&self, ctx: &Context, id: &str, resources: &LinuxResources) -> Result<()>;
+    /// Runs a process in the container; in the foreground, returns its exit
+    /// status as a shell reports it, detached 0.
+    fn exec(&self, ctx: &Context, req: &ExecRequest) -> Result<u8>;
+    /// The pid a foreground `run` waits for: our child (or, as a
+    /// subreaper, our descendant) whose exit status is the container's.
+    fn init_pid(&self, ctx: &Context, id: &str) -> Result<Pid>;
+    fn checkpoint(&self, _ctx: &Context, _id: &str) -> Result<()> {
+        Err(TierError::unsupported(
+            "checkpoint",
+            self.isolation(),
+            ": no CRIU or VM snapshot support yet",
+        ))
+    }
+}
+
+/// The implementation of a tier.
+pub fn for_isolation(isolation: Isolation) -> Box<dyn Tier> {
+    match isolation {
+        Isolation::Container => Box::new(crate::container::Tier),
+        Isolation::Microvm => Box::new(crate::microvm::Tier),
+    }
+}
+
+/// The tier an existing container was created in.
+pub fn of_container(ctx: &Context, id: &str) -> std::result::Result<Box<dyn Tier>, StateError> {
+    Ok(for_isolation(state::tier_of(&ctx.root, id)?))
+}
