@@ -20,6 +20,8 @@ use crate::config::Config;
 use crate::protocol::{Frame, GuestMessage, HostMessage, Reply, VERSION};
 use crate::state::process_start_time;
 
+mod guest_log;
+mod relays;
 mod serve;
 pub use serve::run_hooks as run_hooks_public;
 mod stage;
@@ -131,6 +133,7 @@ pub struct Booted {
     /// The CLI socket, bound before `create` is told the container exists,
     /// so a `start` right after `create` finds it.
     pub cli: UnixListener,
+    pub guest_log: guest_log::GuestLog,
 }
 
 fn boot(args: &Args) -> Result<Booted, SupervisorError> {
@@ -219,7 +222,15 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     );
     let mut vm = backend.launch(&config)?;
     let timeout = Duration::from_secs(args.config.microvm.boot_timeout_secs.unwrap_or(120));
-    let mut guest = match handshake(&listener, &mut vm, timeout, &config.console_log) {
+    let mut guest_log = guest_log::GuestLog::new(Instant::now());
+    let handshaken = handshake(
+        &listener,
+        &mut vm,
+        timeout,
+        &config.console_log,
+        &mut guest_log,
+    );
+    let mut guest = match handshaken {
         Ok(g) => g,
         Err(e) => {
             vm.kill();
@@ -232,6 +243,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             spec: Box::new(plan.spec.clone()),
         },
         timeout,
+        &mut guest_log,
     );
     match reply {
         Ok(Reply::Created { .. }) => {}
@@ -279,6 +291,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         terminal: host_pty,
         state,
         cli,
+        guest_log,
     })
 }
 
@@ -288,6 +301,7 @@ fn handshake(
     vm: &mut Vm,
     timeout: Duration,
     console: &Path,
+    log: &mut guest_log::GuestLog,
 ) -> Result<UnixStream, SupervisorError> {
     let deadline = Instant::now() + timeout;
     let timed_out = |detail: &str| SupervisorError::BootTimeout {
@@ -344,7 +358,7 @@ fn handshake(
                             "guest agent speaks protocol {version}, host {VERSION}"
                         )))
                     }
-                    GuestMessage::Log { message, .. } => tracing::warn!("guest: {message}"),
+                    GuestMessage::Log { level, message } => guest_log::emit(log, &level, &message),
                     other => {
                         return Err(SupervisorError::Violation(format!(
                             "expected hello, got {other:?}"
@@ -386,24 +400,58 @@ fn readable(conn: &UnixStream, wait: Duration) -> Result<bool, SupervisorError> 
     }
 }
 
-/// Exits as the workload did: a status above 128 that names a signal is
-/// re-raised, so the waiting shim sees the same death runc's init would
-/// have shown it.
+/// Exits with the workload's status: its exit code, or 128+n when it died
+/// of signal n — what Docker and containerd report for runc's init either
+/// way. The signal is never raised here: the guest's word must not make a
+/// host process dump core (SIGSEGV, SIGABRT) or stop (SIGSTOP).
 pub fn exit_like(status: i32) -> ! {
-    if (129..=128 + 64).contains(&status) {
-        let sig = status - 128;
-        if sig != libc::SIGSTOP && sig != libc::SIGTSTP {
-            // SAFETY: resetting a disposition and raising a signal at
-            // ourselves; no memory is shared.
-            unsafe {
-                libc::signal(sig, libc::SIG_DFL);
-                let mut set: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut set);
-                libc::sigaddset(&mut set, sig);
-                libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-                libc::raise(sig);
+    std::process::exit(exit_code(status))
+}
+
+/// The exit code for a workload status: 0..=255 as is, anything else
+/// (which a hostile guest may report) 255.
+pub fn exit_code(status: i32) -> i32 {
+    if (0..=255).contains(&status) {
+        status
+    } else {
+        VM_LOST_STATUS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_exit_codes() {
+        assert_eq!(exit_code(0), 0);
+        assert_eq!(exit_code(7), 7);
+        assert_eq!(exit_code(128 + libc::SIGSEGV), 139);
+        assert_eq!(exit_code(128 + libc::SIGKILL), 137);
+        assert_eq!(exit_code(255), 255);
+        assert_eq!(exit_code(-1), VM_LOST_STATUS);
+        assert_eq!(exit_code(256), VM_LOST_STATUS);
+        assert_eq!(exit_code(i32::MAX), VM_LOST_STATUS);
+    }
+
+    /// A guest-reported death by SIGSEGV or SIGABRT ends the supervisor
+    /// with status 139/134, by exit, not by the signal (no core dump).
+    #[test]
+    fn a_core_dumping_signal_is_never_raised() {
+        for sig in [libc::SIGSEGV, libc::SIGABRT, libc::SIGQUIT, libc::SIGSTOP] {
+            // SAFETY: fork in a test; the child only calls exit_like, which
+            // exits at once.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                exit_like(128 + sig);
             }
+            let mut status = 0;
+            // SAFETY: waitpid on our own child with a valid out-pointer.
+            let rc = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
+            assert_eq!(rc, pid);
+            assert!(libc::WIFEXITED(status), "signal {sig}: status {status:#x}");
+            assert_eq!(libc::WEXITSTATUS(status), 128 + sig);
         }
     }
-    std::process::exit(status.clamp(0, 255))
 }

@@ -1,10 +1,8 @@
 //! The supervisor's running phase: relay stdio, forward signals and CLI
 //! requests to the guest, and end with the workload.
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,6 +10,8 @@ use std::time::{Duration, Instant};
 use oci_spec::runtime::{Process, Spec};
 use signal_hook::consts::signal::*;
 
+use super::guest_log::{self, GuestLog};
+use super::relays::Relays;
 use super::{Args, Booted, SupervisorError, VM_LOST_STATUS};
 use crate::microvm::client::{ExecControl, ExecEvent, SupervisorRequest};
 use crate::microvm::vmstate::{Status, VmState};
@@ -30,6 +30,7 @@ pub fn send_and_wait(
     guest: &mut UnixStream,
     msg: &HostMessage,
     timeout: Duration,
+    log: &mut GuestLog,
 ) -> Result<Reply, SupervisorError> {
     let channel = |e: std::io::Error| SupervisorError::Guest(format!("control channel: {e}"));
     Frame::control(msg).write_to(guest)?;
@@ -54,7 +55,7 @@ pub fn send_and_wait(
         }
         match frame.parse_control::<GuestMessage>() {
             Ok(GuestMessage::Reply(r)) => break Ok(r),
-            Ok(GuestMessage::Log { message, .. }) => tracing::warn!("guest: {message}"),
+            Ok(GuestMessage::Log { level, message }) => guest_log::emit(log, &level, &message),
             Ok(other) => {
                 break Err(SupervisorError::Violation(format!(
                     "unexpected message from the guest: {other:?}"
@@ -125,8 +126,8 @@ struct Shared {
     /// Serialises requests: the guest answers in order.
     request_lock: Mutex<()>,
     /// Exec relays by stream.
-    execs: Mutex<HashMap<u32, UnixStream>>,
-    next_exec: AtomicU32,
+    relays: Relays<UnixStream>,
+    guest_log: Mutex<GuestLog>,
     /// Where stream 0's output goes.
     stdout: Mutex<Box<dyn Write + Send>>,
     stderr: Mutex<Box<dyn Write + Send>>,
@@ -168,6 +169,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         terminal,
         mut state,
         cli,
+        guest_log,
     } = booted;
     let (events_tx, events) = mpsc::channel();
     let writer = match guest.try_clone() {
@@ -189,8 +191,8 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         writer: Mutex::new(writer),
         pending: Mutex::new(None),
         request_lock: Mutex::new(()),
-        execs: Mutex::new(HashMap::new()),
-        next_exec: AtomicU32::new(1),
+        relays: Relays::new(),
+        guest_log: Mutex::new(guest_log),
         stdout: Mutex::new(out),
         stderr: Mutex::new(err),
         events: events_tx.clone(),
@@ -223,6 +225,9 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         End::Lost => VM_LOST_STATUS,
     };
     vm.kill();
+    if let Ok(mut log) = shared.guest_log.lock() {
+        guest_log::flush(&mut log);
+    }
     if let Ok(mut s) = VmState::load(&args.dir) {
         s.status = Status::Stopped;
         s.exit_status = Some(status);
@@ -348,15 +353,19 @@ fn dispatch(shared: &Shared, frame: Frame) -> Result<(), String> {
                 let _ = shared.events.send(Event::InitExit(status));
             }
             GuestMessage::Exit { id, status } => {
-                never_started(shared, "an exit", id)?;
-                // A stream that was started but whose relay is gone already
-                // (killed, hung up) has nobody to tell.
-                let relay = shared.execs.lock().map_err(|_| "poisoned")?.remove(&id);
-                if let Some(mut conn) = relay {
-                    let _ = Frame::control(&ExecEvent::Exit { status }).write_to(&mut conn);
+                // A stream whose relay is gone already (killed, hung up)
+                // has nobody to tell.
+                let bytes = encode(&Frame::control(&ExecEvent::Exit { status }));
+                shared
+                    .relays
+                    .deliver("an exit", id, &bytes, true)
+                    .map_err(|e| e.to_string())?;
+            }
+            GuestMessage::Log { level, message } => {
+                if let Ok(mut log) = shared.guest_log.lock() {
+                    guest_log::emit(&mut log, &level, &message);
                 }
             }
-            GuestMessage::Log { level, message } => tracing::warn!("guest {level}: {message}"),
             GuestMessage::Hello { .. } => return Err("a second hello".into()),
         },
         Kind::Stdout | Kind::Stderr if frame.stream == INIT_STREAM => {
@@ -370,27 +379,23 @@ fn dispatch(shared: &Shared, frame: Frame) -> Result<(), String> {
             }
         }
         Kind::Stdout | Kind::Stderr => {
-            never_started(shared, "output", frame.stream)?;
-            let mut execs = shared.execs.lock().map_err(|_| "poisoned")?;
-            if let Some(conn) = execs.get_mut(&frame.stream) {
-                let f = Frame::data(frame.kind, 0, &frame.payload);
-                let _ = f.write_to(conn);
-            }
+            let bytes = encode(&Frame::data(frame.kind, 0, &frame.payload));
+            shared
+                .relays
+                .deliver("output", frame.stream, &bytes, false)
+                .map_err(|e| e.to_string())?;
         }
         Kind::Stdin | Kind::StdinClose => return Err("stdin frames go to the guest".into()),
     }
     Ok(())
 }
 
-/// Streams are numbered by the host; one it never handed out is a lie.
-fn never_started(shared: &Shared, what: &str, id: u32) -> Result<(), String> {
-    // The id was taken before the Exec request that names it was sent.
-    if id >= shared.next_exec.load(Ordering::Relaxed) {
-        return Err(format!(
-            "{what} for stream {id}, which the host never started"
-        ));
-    }
-    Ok(())
+/// One frame as the bytes a relay reads.
+fn encode(frame: &Frame) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(frame.payload.len() + crate::protocol::HEADER_LEN);
+    // Writing to a Vec cannot fail.
+    let _ = frame.write_to(&mut bytes);
+    bytes
 }
 
 /// Pumps our stdin (or the host pty) into the guest as stream 0.
@@ -522,32 +527,32 @@ fn start_container_hooks(dir: &std::path::Path) -> Result<Option<HostMessage>, S
 
 /// Starts an exec'd process and turns the connection into its stream.
 fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Box<Process>) {
-    let id = shared.next_exec.fetch_add(1, Ordering::Relaxed);
-    match conn.try_clone() {
-        Ok(c) => {
-            if let Ok(mut execs) = shared.execs.lock() {
-                execs.insert(id, c);
-            }
-        }
-        Err(e) => {
-            let _ = Frame::control(&Reply::Error {
-                message: e.to_string(),
-            })
-            .write_to(&mut conn);
+    let reserved = conn
+        .try_clone()
+        .map_err(|e| e.to_string())
+        .and_then(|c| shared.relays.reserve(c).map_err(|e| e.to_string()));
+    let id = match reserved {
+        Ok(id) => id,
+        Err(message) => {
+            let _ = Frame::control(&Reply::Error { message }).write_to(&mut conn);
             return;
         }
-    }
+    };
     let reply = shared
         .request(&HostMessage::Exec { id, process })
         .unwrap_or_else(|message| Reply::Error { message });
     let started = matches!(reply, Reply::Started { .. });
     if !started {
-        if let Ok(mut execs) = shared.execs.lock() {
-            execs.remove(&id);
-        }
+        shared.relays.remove(id);
     }
-    let _ = Frame::control(&reply).write_to(&mut conn);
+    let written = Frame::control(&reply).write_to(&mut conn);
     if !started {
+        return;
+    }
+    // Only now may the stream's output and exit follow the reply.
+    shared.relays.started(id);
+    if written.is_err() {
+        relay_gone(&shared, id);
         return;
     }
     // Relay → guest: stdin and control.
@@ -555,21 +560,7 @@ fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Box<Process>) {
         let frame = match Frame::read_from(&mut conn) {
             Ok(f) => f,
             Err(_) => {
-                // The relay is gone (killed, or its caller hung up): its
-                // process must not live on unseen in the guest.
-                let still_running = shared
-                    .execs
-                    .lock()
-                    .map(|mut e| e.remove(&id).is_some())
-                    .unwrap_or(false);
-                if still_running {
-                    tracing::info!("exec {id}: relay gone, killing its process");
-                    let _ = shared.request(&HostMessage::Signal {
-                        id,
-                        signal: SIGKILL,
-                        all: false,
-                    });
-                }
+                relay_gone(&shared, id);
                 return;
             }
         };
@@ -596,5 +587,18 @@ fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Box<Process>) {
             tracing::warn!("exec {id}: {e}");
             return;
         }
+    }
+}
+
+/// The relay is gone (killed, or its caller hung up): its process must not
+/// live on unseen in the guest.
+fn relay_gone(shared: &Shared, id: u32) {
+    if shared.relays.remove(id) {
+        tracing::info!("exec {id}: relay gone, killing its process");
+        let _ = shared.request(&HostMessage::Signal {
+            id,
+            signal: SIGKILL,
+            all: false,
+        });
     }
 }
