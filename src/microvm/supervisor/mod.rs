@@ -21,6 +21,7 @@ use crate::protocol::{Frame, GuestMessage, HostMessage, Reply, VERSION};
 use crate::state::process_start_time;
 
 mod guest_log;
+pub mod jail;
 mod relays;
 mod serve;
 pub use serve::run_hooks as run_hooks_public;

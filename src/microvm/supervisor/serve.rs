@@ -171,6 +171,14 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         cli,
         guest_log,
     } = booted;
+    // From here on the supervisor only relays: jail it before any thread
+    // exists, so all of them inherit the jail.
+    let children: Vec<i32> = vm.processes.iter().map(|(_, c)| c.id() as i32).collect();
+    if let Err(e) = super::jail::enter(&children) {
+        tracing::error!("container {}: {e}", state.id);
+        vm.kill();
+        return VM_LOST_STATUS;
+    }
     let (events_tx, events) = mpsc::channel();
     let writer = match guest.try_clone() {
         Ok(w) => w,

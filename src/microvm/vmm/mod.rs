@@ -94,3 +94,25 @@ pub fn die_with_parent(cmd: &mut Command) {
         });
     }
 }
+
+/// Lets a helper process inherit no descriptor from `first` up: they are
+/// all marked close-on-exec just before the exec (descriptors opened
+/// without O_CLOEXEC by a library would otherwise leak into the VMM).
+pub fn inherit_below(cmd: &mut Command, first: u32) {
+    // SAFETY: the closure runs between fork and exec and only makes the
+    // close_range system call, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            let rc = libc::syscall(
+                libc::SYS_close_range,
+                first,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}

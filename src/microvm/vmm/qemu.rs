@@ -8,7 +8,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::{die_with_parent, Backend, Vm, VmConfig, VmmError};
+use super::{die_with_parent, inherit_below, Backend, Vm, VmConfig, VmmError};
 use crate::protocol::{PORT_NAME, SHARE_TAG};
 
 pub struct Qemu {
@@ -57,6 +57,7 @@ impl Qemu {
             });
         }
         die_with_parent(&mut cmd);
+        inherit_below(&mut cmd, VIRTIOFSD_FD as u32 + 1);
         Ok((cmd, listener))
     }
 
@@ -114,6 +115,11 @@ impl Qemu {
         push(&format!("virtserialport,chardev=ctl,name={PORT_NAME}"));
         push("-device");
         push("virtio-rng-device");
+        // QEMU's own seccomp filter: no new processes, no privilege
+        // changes, no obsolete system calls, no scheduler or resource
+        // controls — a guest that takes over the emulator gets no further.
+        push("-sandbox");
+        push("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
         a
     }
 }
@@ -149,6 +155,7 @@ impl Backend for Qemu {
                     .unwrap_or_else(|_| Stdio::null()),
             );
         die_with_parent(&mut cmd);
+        inherit_below(&mut cmd, 3);
         match cmd.spawn() {
             Ok(child) => {
                 vm.processes.insert(0, ("qemu", child));

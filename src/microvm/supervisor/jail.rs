@@ -1,0 +1,358 @@
+//! The supervisor's steady-state jail, after Firecracker's jailer and Cloud
+//! Hypervisor's per-thread filters: once the VM runs, the supervisor only
+//! relays bytes between sockets, the guest and its caller, so it keeps no
+//! capability and runs under a seccomp allow-list of the system calls its
+//! event loop, signal forwarding and exec relays use.
+//!
+//! Installed on the main thread before the relay threads exist, so every
+//! thread inherits both. A system call outside the list fails with EPERM;
+//! the ones that would let a hijacked supervisor act on the host (exec,
+//! ptrace, mounts, module loading, namespace changes, new privileges) kill
+//! it at once.
+
+use libseccomp::{
+    ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum JailError {
+    #[error("cannot drop capabilities: {0}")]
+    Capabilities(String),
+    #[error("cannot set no_new_privs: {0}")]
+    NoNewPrivs(std::io::Error),
+    #[error("cannot build the supervisor's seccomp filter ({what}): {source}")]
+    Seccomp {
+        what: String,
+        source: libseccomp::error::SeccompError,
+    },
+}
+
+/// What the supervisor does while the VM runs: read/write/poll its
+/// sockets and pipes, accept CLI connections, run threads, forward signals,
+/// reap and kill its VMM, write its state file and log.
+const ALLOWED: &[&str] = &[
+    // I/O on descriptors it holds.
+    "read",
+    "write",
+    "readv",
+    "writev",
+    "pread64",
+    "pwrite64",
+    "close",
+    "lseek",
+    "fstat",
+    "newfstatat",
+    "statx",
+    "fcntl",
+    "ioctl",
+    "dup",
+    "dup2",
+    "dup3",
+    "pipe2",
+    "poll",
+    "ppoll",
+    "select",
+    "pselect6",
+    "epoll_create1",
+    "epoll_ctl",
+    "epoll_wait",
+    "epoll_pwait",
+    "eventfd2",
+    "fsync",
+    "fdatasync",
+    "ftruncate",
+    // Files in its state directory (state file, logs).
+    "openat",
+    "rename",
+    "renameat",
+    "renameat2",
+    "unlink",
+    "unlinkat",
+    "mkdirat",
+    "getdents64",
+    "readlink",
+    "readlinkat",
+    "access",
+    "faccessat",
+    "faccessat2",
+    "getcwd",
+    // Sockets: accept the CLI, talk to the guest and the relays.
+    "accept",
+    "accept4",
+    "recvfrom",
+    "recvmsg",
+    "sendto",
+    "sendmsg",
+    "shutdown",
+    "getsockopt",
+    "setsockopt",
+    "getsockname",
+    "getpeername",
+    "socketpair",
+    // Memory and threads.
+    "mmap",
+    "munmap",
+    "mprotect",
+    "mremap",
+    "madvise",
+    "brk",
+    "futex",
+    "clone",
+    "clone3",
+    "set_robust_list",
+    "get_robust_list",
+    "rseq",
+    "set_tid_address",
+    "sched_yield",
+    "sched_getaffinity",
+    "membarrier",
+    // Signals, children, time.
+    "rt_sigaction",
+    "rt_sigprocmask",
+    "rt_sigreturn",
+    "rt_sigtimedwait",
+    "sigaltstack",
+    "wait4",
+    "waitid",
+    "nanosleep",
+    "clock_nanosleep",
+    "clock_gettime",
+    "clock_getres",
+    "gettimeofday",
+    "restart_syscall",
+    // Identity and limits, read only.
+    "getpid",
+    "gettid",
+    "getppid",
+    "getuid",
+    "geteuid",
+    "getgid",
+    "getegid",
+    "getresuid",
+    "getresgid",
+    "uname",
+    "getrandom",
+    "prlimit64",
+    "getrusage",
+    "sysinfo",
+    "prctl",
+    "capget",
+    "exit",
+    "exit_group",
+];
+
+/// Never needed once the VM runs, and the first things a hijacked
+/// supervisor would try: they end it (SIGSYS) rather than fail.
+const FATAL: &[&str] = &[
+    "execve",
+    "execveat",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "setns",
+    "unshare",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "setuid",
+    "setgid",
+    "setreuid",
+    "setregid",
+    "setresuid",
+    "setresgid",
+    "setgroups",
+    "capset",
+    "userfaultfd",
+    "open_by_handle_at",
+];
+
+/// The filter, not yet loaded (tests load it in a child). Signals may go
+/// to this process's own threads and to `children` (the VMM and its file
+/// server), nowhere else: uid 0 without capabilities could still signal
+/// every root process of the host.
+pub fn filter(children: &[i32]) -> Result<ScmpFilterContext, JailError> {
+    let err = |what: &str| {
+        let what = what.to_string();
+        move |source| JailError::Seccomp { what, source }
+    };
+    let mut f =
+        ScmpFilterContext::new(ScmpAction::Errno(libc::EPERM)).map_err(err("new filter"))?;
+    f.add_arch(ScmpArch::Native).map_err(err("native arch"))?;
+    // Another ABI (x32, i386 through int 0x80) is a way around the list.
+    f.set_act_badarch(ScmpAction::KillProcess)
+        .map_err(err("bad arch"))?;
+    for name in ALLOWED {
+        // A name this libseccomp does not know is not callable either.
+        let Ok(call) = ScmpSyscall::from_name(name) else {
+            continue;
+        };
+        f.add_rule(ScmpAction::Allow, call).map_err(err(name))?;
+    }
+    let me = std::process::id() as u64;
+    // tgkill(tgid, tid, sig): only to threads of this process.
+    let tgkill = ScmpSyscall::from_name("tgkill").map_err(err("tgkill"))?;
+    f.add_rule_conditional(
+        ScmpAction::Allow,
+        tgkill,
+        &[ScmpArgCompare::new(0, ScmpCompareOp::Equal, me)],
+    )
+    .map_err(err("tgkill"))?;
+    let kill = ScmpSyscall::from_name("kill").map_err(err("kill"))?;
+    for pid in children.iter().copied().chain([me as i32]) {
+        let cmp = ScmpArgCompare::new(0, ScmpCompareOp::Equal, pid as u32 as u64);
+        f.add_rule_conditional(ScmpAction::Allow, kill, &[cmp])
+            .map_err(err("kill"))?;
+    }
+    for name in FATAL {
+        let Ok(call) = ScmpSyscall::from_name(name) else {
+            continue;
+        };
+        f.add_rule(ScmpAction::KillProcess, call)
+            .map_err(err(name))?;
+    }
+    Ok(f)
+}
+
+/// Drops every capability (bounding, ambient, inheritable, permitted,
+/// effective) and sets no_new_privs.
+pub fn drop_capabilities() -> Result<(), JailError> {
+    use caps::CapSet;
+    let cap_err = |e: caps::errors::CapsError| JailError::Capabilities(e.to_string());
+    // The bounding set first: dropping from it needs CAP_SETPCAP, which the
+    // effective set still holds.
+    for cap in caps::all() {
+        if caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
+            caps::drop(None, CapSet::Bounding, cap).map_err(cap_err)?;
+        }
+    }
+    caps::clear(None, CapSet::Ambient).map_err(cap_err)?;
+    caps::clear(None, CapSet::Inheritable).map_err(cap_err)?;
+    caps::clear(None, CapSet::Effective).map_err(cap_err)?;
+    caps::clear(None, CapSet::Permitted).map_err(cap_err)?;
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1) takes no pointers.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(JailError::NoNewPrivs(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Enters the steady-state jail: no capabilities, then the filter.
+pub fn enter(children: &[i32]) -> Result<(), JailError> {
+    drop_capabilities()?;
+    filter(children)?
+        .load()
+        .map_err(|source| JailError::Seccomp {
+            what: "load".into(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` in a forked child that entered the jail; returns how the
+    /// child ended.
+    fn in_jailed_child(f: fn() -> i32) -> i32 {
+        // SAFETY: fork in a test; the child only enters the jail, runs `f`
+        // and leaves with _exit, touching no lock held by another thread.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = match enter(&[]) {
+                Ok(()) => f(),
+                Err(_) => 100,
+            };
+            // SAFETY: _exit ends the child without running atexit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waitpid on our own child with a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        status
+    }
+
+    fn am_root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    #[test]
+    fn the_filter_builds() {
+        filter(&[1234]).unwrap();
+    }
+
+    #[test]
+    fn a_jailed_supervisor_that_tries_to_exec_dies_of_sigsys() {
+        if !am_root() {
+            eprintln!("skipped: dropping the bounding set needs root");
+            return;
+        }
+        let status = in_jailed_child(|| {
+            let path = c"/bin/true";
+            let argv = [path.as_ptr(), std::ptr::null()];
+            let envp = [std::ptr::null()];
+            // SAFETY: valid NUL-terminated strings and NULL-terminated arrays.
+            unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+            101
+        });
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS,
+            "status {status:#x}"
+        );
+    }
+
+    #[test]
+    fn unlisted_calls_fail_and_listed_ones_work() {
+        if !am_root() {
+            eprintln!("skipped: dropping the bounding set needs root");
+            return;
+        }
+        let status = in_jailed_child(|| {
+            // Not on the list: fails with EPERM, the supervisor lives on.
+            // SAFETY: socket(2) with constant arguments.
+            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+            if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EPERM) {
+                return 1;
+            }
+            // No capability is left: even root cannot chown what it does
+            // not own, or raise the capabilities again.
+            if caps::read(None, caps::CapSet::Effective).map_or(true, |s| !s.is_empty()) {
+                return 2;
+            }
+            // On the list: a thread, a pipe, time.
+            let t = std::thread::spawn(|| std::time::Instant::now());
+            if t.join().is_err() {
+                return 3;
+            }
+            if std::io::pipe().is_err() {
+                return 4;
+            }
+            // Signals reach only ourselves and our VMM: pid 1 is refused.
+            // SAFETY: kill(2) with signal 0 only checks permission.
+            if unsafe { libc::kill(1, 0) } == 0 {
+                return 5;
+            }
+            // SAFETY: as above, at ourselves.
+            if unsafe { libc::kill(libc::getpid(), 0) } != 0 {
+                return 6;
+            }
+            0
+        });
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "status {status:#x}"
+        );
+    }
+}
