@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::host::{Accel, Host};
-use super::vmm::{qemu::Qemu, Backend, Vm, VmConfig};
+use super::vmm::{Vm, VmConfig};
 use super::vmstate::{Status, VmState, CONSOLE_LOG};
 use crate::config::Config;
 use crate::protocol::{Frame, GuestMessage, HostMessage, Reply, VERSION};
@@ -127,7 +127,7 @@ pub fn run(args: Args) -> ! {
 
 /// A VM whose guest has created the container.
 pub struct Booted {
-    pub vm: Vm,
+    pub vm: Box<dyn Vm>,
     pub guest: UnixStream,
     pub terminal: Option<tty::HostPty>,
     pub state: VmState,
@@ -208,10 +208,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         run_dir: dir.clone(),
         kvm: host.accel == Accel::Kvm,
     };
-    let backend = Qemu {
-        qemu: host.qemu.clone(),
-        virtiofsd: host.virtiofsd.clone(),
-    };
+    let backend = super::vmm::for_host(&host);
     tracing::info!(
         "container {}: booting {} vCPU / {} MiB microVM with {} ({}: {})",
         state.id,
@@ -226,7 +223,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     let mut guest_log = guest_log::GuestLog::new(Instant::now());
     let handshaken = handshake(
         &listener,
-        &mut vm,
+        vm.as_mut(),
         timeout,
         &config.console_log,
         &mut guest_log,
@@ -299,7 +296,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
 /// Waits for the VMM to connect the control port and the agent's Hello.
 fn handshake(
     listener: &UnixListener,
-    vm: &mut Vm,
+    vm: &mut dyn Vm,
     timeout: Duration,
     console: &Path,
     log: &mut guest_log::GuestLog,
@@ -319,9 +316,11 @@ fn handshake(
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(SupervisorError::Other(format!("control socket: {e}"))),
         }
-        if let Some((name, status)) = vm.exited() {
+        if let Some(end) = vm.exited() {
             return Err(SupervisorError::Guest(format!(
-                "{name} exited during boot ({status}); see {}",
+                "{} exited during boot ({}); see {}",
+                end.part,
+                end.how,
                 console.display()
             )));
         }
@@ -374,9 +373,11 @@ fn handshake(
                 ) => {}
             Some(Err(e)) => return Err(e.into()),
         }
-        if let Some((name, status)) = vm.exited() {
+        if let Some(end) = vm.exited() {
             return Err(SupervisorError::Guest(format!(
-                "{name} exited during boot ({status}); see {}",
+                "{} exited during boot ({}); see {}",
+                end.part,
+                end.how,
                 console.display()
             )));
         }

@@ -173,7 +173,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
     } = booted;
     // From here on the supervisor only relays: jail it before any thread
     // exists, so all of them inherit the jail.
-    let children: Vec<i32> = vm.processes.iter().map(|(_, c)| c.id() as i32).collect();
+    let children = vm.host_pids();
     if let Err(e) = super::jail::enter(&children) {
         tracing::error!("container {}: {e}", state.id);
         vm.kill();
@@ -218,7 +218,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         let _ = events_tx.send(Event::Signal(SIGWINCH));
     }
 
-    let status = match wait_for_end(&shared, &events, &mut vm, terminal.as_ref()) {
+    let status = match wait_for_end(&shared, &events, vm.as_mut(), terminal.as_ref()) {
         End::Exited(status) => {
             // The workload is gone: power the guest off, then make sure.
             let _ = shared.request(&HostMessage::Shutdown);
@@ -250,7 +250,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
 fn wait_for_end(
     shared: &Arc<Shared>,
     events: &Receiver<Event>,
-    vm: &mut super::Vm,
+    vm: &mut dyn super::Vm,
     terminal: Option<&super::tty::HostPty>,
 ) -> End {
     loop {
@@ -264,7 +264,7 @@ fn wait_for_end(
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 match vm.exited() {
-                    Some((name, status)) => vm_lost(shared, name, &status.to_string()),
+                    Some(end) => vm_lost(shared, &end),
                     None => tracing::error!("container stopped: {why}"),
                 }
                 return End::Lost;
@@ -294,8 +294,8 @@ fn wait_for_end(
                 });
             }
             Err(RecvTimeoutError::Timeout) => {
-                if let Some((name, status)) = vm.exited() {
-                    vm_lost(shared, name, &status.to_string());
+                if let Some(end) = vm.exited() {
+                    vm_lost(shared, &end);
                     return End::Lost;
                 }
             }
@@ -304,9 +304,11 @@ fn wait_for_end(
     }
 }
 
-fn vm_lost(shared: &Shared, name: &str, status: &str) {
+fn vm_lost(shared: &Shared, end: &crate::microvm::vmm::Exited) {
     tracing::error!(
-        "container stopped: {name} exited unexpectedly ({status}); guest console: {}",
+        "container stopped: {} exited unexpectedly ({}); guest console: {}",
+        end.part,
+        end.how,
         shared
             .dir
             .join(crate::microvm::vmstate::CONSOLE_LOG)

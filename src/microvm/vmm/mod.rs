@@ -45,23 +45,64 @@ pub struct VmConfig {
     pub kvm: bool,
 }
 
-/// A running VM: the processes that make it up, the VMM first.
-pub struct Vm {
+/// How a part of a VM ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exited {
+    /// Which part: "qemu", "virtiofsd", a vCPU thread…
+    pub part: &'static str,
+    /// What ended it, as a person reads it ("exit status: 1", "signal: 9").
+    pub how: String,
+}
+
+/// A running VM, whatever runs it. The supervisor starts it through a
+/// [`Backend`], watches it, and stops it; pause and resume freeze the VM's
+/// host cgroup, which holds every backend's processes and threads, so they
+/// need nothing from the backend.
+pub trait Vm: Send {
+    /// The first part of the VM that has ended, if any: the VM is lost.
+    fn exited(&mut self) -> Option<Exited>;
+    /// Stops the VM at once and waits until it is gone.
+    fn kill(&mut self);
+    /// Host processes that run the VM besides the supervisor (none for an
+    /// in-process VMM): the only ones the jailed supervisor may signal.
+    fn host_pids(&self) -> Vec<i32>;
+}
+
+/// A VMM implementation: boots a [`VmConfig`].
+pub trait Backend {
+    fn name(&self) -> &'static str;
+    fn launch(&self, config: &VmConfig) -> Result<Box<dyn Vm>, VmmError>;
+}
+
+/// The backend that runs microVMs on this host. QEMU is the only one so
+/// far; a VMM of our own plugs in here.
+pub fn for_host(host: &crate::microvm::host::Host) -> Box<dyn Backend> {
+    Box::new(qemu::Qemu {
+        qemu: host.qemu.clone(),
+        virtiofsd: host.virtiofsd.clone(),
+    })
+}
+
+/// A VM made of helper processes (the VMM first), children of the
+/// supervisor that die with it.
+pub struct ProcessVm {
     pub processes: Vec<(&'static str, Child)>,
 }
 
-impl Vm {
-    /// The first process that has exited, with its status.
-    pub fn exited(&mut self) -> Option<(&'static str, std::process::ExitStatus)> {
+impl Vm for ProcessVm {
+    fn exited(&mut self) -> Option<Exited> {
         for (name, child) in &mut self.processes {
             if let Ok(Some(status)) = child.try_wait() {
-                return Some((name, status));
+                return Some(Exited {
+                    part: name,
+                    how: status.to_string(),
+                });
             }
         }
         None
     }
 
-    pub fn kill(&mut self) {
+    fn kill(&mut self) {
         for (_, child) in &mut self.processes {
             let _ = child.kill();
         }
@@ -69,11 +110,10 @@ impl Vm {
             let _ = child.wait();
         }
     }
-}
 
-pub trait Backend {
-    fn name(&self) -> &'static str;
-    fn launch(&self, config: &VmConfig) -> Result<Vm, VmmError>;
+    fn host_pids(&self) -> Vec<i32> {
+        self.processes.iter().map(|(_, c)| c.id() as i32).collect()
+    }
 }
 
 /// Makes a helper process die with its supervisor, so a SIGKILLed

@@ -8,7 +8,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::{die_with_parent, inherit_below, Backend, Vm, VmConfig, VmmError};
+use super::{die_with_parent, inherit_below, Backend, ProcessVm, Vm, VmConfig, VmmError};
 use crate::protocol::{PORT_NAME, SHARE_TAG};
 
 pub struct Qemu {
@@ -129,7 +129,7 @@ impl Backend for Qemu {
         "qemu"
     }
 
-    fn launch(&self, config: &VmConfig) -> Result<Vm, VmmError> {
+    fn launch(&self, config: &VmConfig) -> Result<Box<dyn Vm>, VmmError> {
         let fs_socket = PathBuf::from(FS_SOCKET);
         let (mut fs_cmd, listener) = self.virtiofsd(config)?;
         let virtiofsd = fs_cmd.spawn().map_err(|source| VmmError::Spawn {
@@ -137,7 +137,7 @@ impl Backend for Qemu {
             source,
         })?;
         drop(listener);
-        let mut vm = Vm {
+        let mut vm = ProcessVm {
             processes: vec![("virtiofsd", virtiofsd)],
         };
         let mut cmd = Command::new(&self.qemu);
@@ -159,7 +159,7 @@ impl Backend for Qemu {
         match cmd.spawn() {
             Ok(child) => {
                 vm.processes.insert(0, ("qemu", child));
-                Ok(vm)
+                Ok(Box::new(vm))
             }
             Err(source) => {
                 vm.kill();
