@@ -19,7 +19,7 @@ use signal_hook::consts::signal::*;
 use super::client::{self, ExecControl, ExecEvent, SupervisorRequest};
 use super::supervisor::tty::{window_size, HostPty};
 use super::vmstate::{Status, VmState};
-use super::{failed, status_name, Result};
+use super::{refused, status_name, MicrovmError, Result};
 use crate::context::Context;
 use crate::protocol::{Frame, Kind, Reply, MAX_PAYLOAD};
 
@@ -53,7 +53,7 @@ pub fn exec(ctx: &Context, id: &str, req: ExecRequest) -> Result<u8> {
     let state = VmState::load(&dir)?;
     let status = state.effective_status();
     if status != Status::Running {
-        return Err(failed(format!(
+        return Err(refused(format!(
             "container {id} is {}, not running",
             status_name(status, state.paused)
         )));
@@ -61,7 +61,7 @@ pub fn exec(ctx: &Context, id: &str, req: ExecRequest) -> Result<u8> {
     if state.paused {
         // A frozen VM cannot start anything; runc's --ignore-paused would
         // leave the process waiting for a resume, which this tier cannot.
-        return Err(failed(format!(
+        return Err(refused(format!(
             "container {id} is paused{}",
             if req.ignore_paused {
                 " (--ignore-paused is not supported by the microvm tier)"
@@ -72,20 +72,18 @@ pub fn exec(ctx: &Context, id: &str, req: ExecRequest) -> Result<u8> {
     }
     let terminal = req.process.terminal().unwrap_or(false);
     if req.console_socket.is_some() && !terminal {
-        return Err(failed(
+        return Err(refused(
             "--console-socket is only meaningful with a terminal (process.terminal is false)",
         ));
     }
     if terminal && req.detach && req.console_socket.is_none() {
-        return Err(failed(
+        return Err(refused(
             "a detached exec with a terminal needs --console-socket",
         ));
     }
     // The terminal first: if the console socket is bad, nothing has started.
     let io = match req.console_socket {
-        Some(sock) if terminal => {
-            Io::Pty(HostPty::open_and_send(sock).map_err(|e| failed(format!("exec: {e}")))?)
-        }
+        Some(sock) if terminal => Io::Pty(HostPty::open_and_send(sock)?),
         _ => Io::Inherited {
             raw_tty: if terminal && !req.detach {
                 make_stdin_raw()
@@ -111,11 +109,11 @@ fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result
         Reply::Started { .. } => {}
         Reply::Error { message } => {
             restore_tty(&io);
-            return Err(failed(message));
+            return Err(MicrovmError::Guest(message));
         }
         other => {
             restore_tty(&io);
-            return Err(failed(format!("unexpected reply to exec: {other:?}")));
+            return Err(refused(format!("unexpected reply to exec: {other:?}")));
         }
     }
     if !req.detach {
@@ -126,7 +124,10 @@ fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result
     // SAFETY: the CLI is single-threaded here (no thread has been started),
     // so the child may run arbitrary code after fork.
     match unsafe { nix::unistd::fork() } {
-        Err(e) => Err(failed(format!("cannot fork the exec relay: {e}"))),
+        Err(e) => Err(MicrovmError::Io {
+            what: "fork the exec relay".into(),
+            source: e.into(),
+        }),
         Ok(nix::unistd::ForkResult::Child) => {
             // A session of its own: the relay outlives this command and,
             // with a pty, takes it as its controlling terminal so resizes

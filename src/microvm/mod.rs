@@ -46,14 +46,47 @@ pub enum MicrovmError {
     State(#[from] crate::state::StateError),
     #[error(transparent)]
     Client(#[from] client::ClientError),
+    #[error(transparent)]
+    Tty(#[from] supervisor::tty::TtyError),
+    /// The command does not fit the container's status, or its options
+    /// contradict each other; the message is runc's where runc has one.
     #[error("{0}")]
-    Failed(String),
+    Refused(String),
+    /// The supervisor or the guest answered with an error.
+    #[error("{0}")]
+    Guest(String),
+    #[error("the supervisor answered {what} with {reply}")]
+    UnexpectedReply { what: &'static str, reply: String },
+    /// The supervisor could not boot the VM; the message is its own.
+    #[error("{0}")]
+    Boot(String),
+    #[error("cannot {what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("cgroup of container {id}: cannot {what}: {message}")]
+    Cgroup {
+        id: String,
+        what: &'static str,
+        message: String,
+    },
 }
 
 type Result<T> = std::result::Result<T, MicrovmError>;
 
-fn failed(msg: impl Into<String>) -> MicrovmError {
-    MicrovmError::Failed(msg.into())
+fn refused(msg: impl Into<String>) -> MicrovmError {
+    MicrovmError::Refused(msg.into())
+}
+
+fn io_error(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MicrovmError {
+    let what = what.into();
+    move |source| MicrovmError::Io { what, source }
+}
+
+fn cgroup_error(id: &str, what: &'static str) -> impl FnOnce(String) -> MicrovmError {
+    let id = id.to_string();
+    move |message| MicrovmError::Cgroup { id, what, message }
 }
 
 /// What `create` passes on.
@@ -77,18 +110,17 @@ pub fn create(ctx: &Context, id: &str, bundle: &Bundle, opts: CreateOptions) -> 
         .and_then(|p| p.terminal())
         .unwrap_or(false);
     if terminal && opts.console_socket.is_none() {
-        return Err(failed(
+        return Err(refused(
             "process.terminal is true: --console-socket is required",
         ));
     }
     if !terminal && opts.console_socket.is_some() {
-        return Err(failed(
+        return Err(refused(
             "--console-socket given but process.terminal is false",
         ));
     }
     let dir = ctx.container_dir(id);
-    std::fs::create_dir(&dir)
-        .map_err(|e| failed(format!("cannot create {}: {e}", dir.display())))?;
+    std::fs::create_dir(&dir).map_err(io_error(format!("create {}", dir.display())))?;
     let result = start_supervisor(ctx, id, bundle, &dir, &opts);
     if result.is_err() {
         let _ = destroy(ctx, id);
@@ -130,10 +162,8 @@ fn start_supervisor(
     };
     state.save(dir)?;
 
-    let (mut sync_read, sync_write) =
-        std::io::pipe().map_err(|e| failed(format!("cannot create a pipe: {e}")))?;
-    let exe = std::fs::read_link("/proc/self/exe")
-        .map_err(|e| failed(format!("cannot find the agentvm binary: {e}")))?;
+    let (mut sync_read, sync_write) = std::io::pipe().map_err(io_error("create a pipe"))?;
+    let exe = std::fs::read_link("/proc/self/exe").map_err(io_error("find the agentvm binary"))?;
     let mut cmd = Command::new(exe);
     cmd.arg("--root").arg(&ctx.root);
     if let Some(cfg) = &ctx.config_path {
@@ -169,9 +199,7 @@ fn start_supervisor(
             Ok(())
         });
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| failed(format!("cannot start the supervisor: {e}")))?;
+    let mut child = cmd.spawn().map_err(io_error("start the supervisor"))?;
     drop(sync_write);
     drop(cmd);
     let mut answer = String::new();
@@ -193,7 +221,7 @@ fn start_supervisor(
                         .unwrap_or_default()
                 )
             });
-        return Err(failed(message));
+        return Err(MicrovmError::Boot(message));
     }
     if let Some(pid_file) = opts.pid_file {
         write_pid_file(pid_file, child.id())?;
@@ -205,7 +233,7 @@ fn write_pid_file(path: &Path, pid: u32) -> Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     std::fs::write(&tmp, pid.to_string())
         .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| failed(format!("cannot write pid file {}: {e}", path.display())))
+        .map_err(io_error(format!("write pid file {}", path.display())))
 }
 
 fn load(ctx: &Context, id: &str) -> Result<VmState> {
@@ -245,7 +273,7 @@ pub fn state(ctx: &Context, id: &str) -> Result<RuncState> {
 fn ask(ctx: &Context, id: &str, req: SupervisorRequest) -> Result<Reply> {
     let (_, reply) = client::request(&ctx.container_dir(id), id, &req, Duration::from_secs(60))?;
     match reply {
-        Reply::Error { message } => Err(failed(message)),
+        Reply::Error { message } => Err(MicrovmError::Guest(message)),
         r => Ok(r),
     }
 }
@@ -254,9 +282,9 @@ pub fn start(ctx: &Context, id: &str) -> Result<()> {
     let s = load(ctx, id)?;
     match s.effective_status() {
         Status::Created => {}
-        Status::Stopped => return Err(failed("cannot start a container that has stopped")),
+        Status::Stopped => return Err(refused("cannot start a container that has stopped")),
         other => {
-            return Err(failed(format!(
+            return Err(refused(format!(
                 "cannot start container {id} in status {}: only a created container can be started",
                 status_name(other, s.paused)
             )))
@@ -279,11 +307,11 @@ pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
     let s = load(ctx, id)?;
     let status = s.effective_status();
     if matches!(status, Status::Stopped | Status::Creating) {
-        return Err(failed(format!("container {id} is not running")));
+        return Err(refused(format!("container {id} is not running")));
     }
     let pid = s
         .supervisor_pid
-        .ok_or_else(|| failed(format!("container {id} has no supervisor")))?;
+        .ok_or_else(|| refused(format!("container {id} has no supervisor")))?;
     if signal == libc::SIGKILL || s.paused {
         // SIGKILL ends the supervisor, and with it the VM, at once; a
         // paused VM cannot take a request, so signals go to the pid.
@@ -293,7 +321,7 @@ pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
         // SAFETY: kill(2) with a pid we recorded and verified alive.
         let rc = unsafe { libc::kill(pid, signal) };
         if rc != 0 {
-            return Err(failed(format!(
+            return Err(refused(format!(
                 "cannot signal container {id}: {}",
                 std::io::Error::last_os_error()
             )));
@@ -314,10 +342,12 @@ pub fn ps(ctx: &Context, id: &str) -> Result<Vec<i32>> {
     if s.cgroup_path.as_os_str().is_empty() {
         return Ok(Vec::new());
     }
-    let cm = s.cgroup_manager().map_err(|e| failed(e.to_string()))?;
+    let cm = s
+        .cgroup_manager()
+        .map_err(|e| cgroup_error(id, "open")(e.to_string()))?;
     let mut pids: Vec<i32> = cm
         .get_all_pids()
-        .map_err(|e| failed(format!("cannot list the processes of {id}: {e}")))?
+        .map_err(|e| cgroup_error(id, "list its processes")(e.to_string()))?
         .into_iter()
         .map(|p| p.as_raw())
         .collect();
@@ -335,12 +365,12 @@ pub fn update(
     let s = load(ctx, id)?;
     let status = s.effective_status();
     if status != Status::Running || s.paused {
-        return Err(failed(format!(
+        return Err(refused(format!(
             "cannot update container {id}: it is {}, not running",
             status_name(status, s.paused)
         )));
     }
-    spec::check_update(resources, s.vcpus, s.memory_mib).map_err(failed)?;
+    spec::check_update(resources, s.vcpus, s.memory_mib).map_err(refused)?;
     ask(
         ctx,
         id,
@@ -349,14 +379,16 @@ pub fn update(
         },
     )?;
     // The VM's own host cgroup follows for what it carries (CPU, pids).
-    let cm = s.cgroup_manager().map_err(|e| failed(e.to_string()))?;
+    let cm = s
+        .cgroup_manager()
+        .map_err(|e| cgroup_error(id, "open")(e.to_string()))?;
     cm.apply(&libcgroups::common::ControllerOpt {
         resources: &spec::host_limits(resources),
         disable_oom_killer: false,
         oom_score_adj: None,
         freezer_state: None,
     })
-    .map_err(|e| failed(format!("cannot update the host cgroup of {id}: {e}")))?;
+    .map_err(|e| cgroup_error(id, "update the VM's limits")(e.to_string()))?;
     Ok(())
 }
 
@@ -364,7 +396,10 @@ pub fn update(
 pub fn guest_processes(ctx: &Context, id: &str) -> Result<Vec<protocol::GuestProcess>> {
     match ask(ctx, id, SupervisorRequest::Ps)? {
         Reply::Pids { processes, .. } => Ok(processes),
-        other => Err(failed(format!("unexpected reply {other:?}"))),
+        other => Err(MicrovmError::UnexpectedReply {
+            what: "ps",
+            reply: format!("{other:?}"),
+        }),
     }
 }
 
@@ -372,13 +407,19 @@ pub fn guest_processes(ctx: &Context, id: &str) -> Result<Vec<protocol::GuestPro
 pub fn stats(ctx: &Context, id: &str) -> Result<protocol::GuestStats> {
     match ask(ctx, id, SupervisorRequest::Stats)? {
         Reply::Stats { stats } => Ok(stats),
-        other => Err(failed(format!("unexpected reply {other:?}"))),
+        other => Err(MicrovmError::UnexpectedReply {
+            what: "stats",
+            reply: format!("{other:?}"),
+        }),
     }
 }
 
 fn freeze(s: &VmState, state: FreezerState) -> Result<()> {
-    let cm = s.cgroup_manager().map_err(|e| failed(e.to_string()))?;
-    cm.freeze(state).map_err(|e| failed(e.to_string()))
+    let cm = s
+        .cgroup_manager()
+        .map_err(|e| cgroup_error(&s.id, "open")(e.to_string()))?;
+    cm.freeze(state)
+        .map_err(|e| cgroup_error(&s.id, "freeze or thaw")(e.to_string()))
 }
 
 /// Pause/resume freeze the whole VM (supervisor, VMM, file server).
@@ -388,13 +429,13 @@ pub fn set_paused(ctx: &Context, id: &str, paused: bool) -> Result<()> {
     let status = s.effective_status();
     let running = status == Status::Running;
     if paused && (!running || s.paused) {
-        return Err(failed(format!(
+        return Err(refused(format!(
             "cannot pause container {id}: it is {}, not running",
             status_name(status, s.paused)
         )));
     }
     if !paused && (!running || !s.paused) {
-        return Err(failed(format!(
+        return Err(refused(format!(
             "cannot resume container {id}: it is {}, not paused",
             status_name(status, s.paused)
         )));
@@ -416,7 +457,7 @@ pub fn delete(ctx: &Context, id: &str, force: bool) -> Result<()> {
     let s = load(ctx, id)?;
     let status = s.effective_status();
     if matches!(status, Status::Running) && !force {
-        return Err(failed(format!(
+        return Err(refused(format!(
             "cannot delete container {id} that is not stopped: {}",
             status_name(status, s.paused)
         )));
@@ -484,8 +525,7 @@ fn destroy(ctx: &Context, id: &str) -> Result<()> {
         }
     }
     if dir.exists() {
-        std::fs::remove_dir_all(&dir)
-            .map_err(|e| failed(format!("cannot remove {}: {e}", dir.display())))?;
+        std::fs::remove_dir_all(&dir).map_err(io_error(format!("remove {}", dir.display())))?;
     }
     Ok(())
 }

@@ -7,7 +7,7 @@ use nix::unistd::Pid;
 use oci_spec::runtime::LinuxResources;
 
 use super::vmstate::VmState;
-use super::{failed, MicrovmError};
+use super::{refused, MicrovmError};
 use crate::config::Isolation;
 use crate::context::Context;
 use crate::tier::{self, CreateRequest, ExecRequest, ProcessTable, RuncState, TierError};
@@ -94,7 +94,7 @@ impl tier::Tier for Tier {
         match super::state(ctx, id)?.status {
             "running" => {}
             "paused" => {
-                return Err(failed(format!(
+                return Err(refused(format!(
                     "container {id} is paused: a frozen microVM cannot report its stats"
                 ))
                 .into())
@@ -158,6 +158,6 @@ impl tier::Tier for Tier {
         state
             .supervisor_pid
             .map(Pid::from_raw)
-            .ok_or_else(|| failed(format!("container {id} has no supervisor")).into())
+            .ok_or_else(|| refused(format!("container {id} has no supervisor")).into())
     }
 }

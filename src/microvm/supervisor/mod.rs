@@ -47,7 +47,7 @@ pub enum SupervisorError {
     #[error(transparent)]
     Vmm(#[from] super::vmm::VmmError),
     #[error(transparent)]
-    Spec(#[from] super::spec::SpecError),
+    Plan(#[from] super::spec::SpecError),
     #[error(transparent)]
     Initramfs(#[from] super::initramfs::InitramfsError),
     #[error(transparent)]
@@ -66,8 +66,23 @@ pub enum SupervisorError {
         detail: String,
         console: PathBuf,
     },
+    #[error("config.json: {0}")]
+    Spec(#[from] oci_spec::OciSpecError),
+    /// An OCI hook failed; the message names the hook.
     #[error("{0}")]
-    Other(String),
+    Hook(String),
+    #[error("process.terminal is true but no --console-socket was given")]
+    NoConsoleSocket,
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+fn io_error(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SupervisorError {
+    let what = what.into();
+    move |source| SupervisorError::Io { what, source }
 }
 
 impl From<crate::protocol::ProtocolError> for SupervisorError {
@@ -140,9 +155,7 @@ pub struct Booted {
 fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     let dir = &args.dir;
     let mut state = VmState::load(dir)?;
-    let spec = state
-        .spec()
-        .map_err(|e| SupervisorError::Other(format!("config.json: {e}")))?;
+    let spec = state.spec()?;
     let host = Host::probe(&args.config)?;
 
     stage::private_mounts()?;
@@ -156,7 +169,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     state.accel = host.accel.as_str().to_string();
     state.save(dir)?;
     serve::run_hooks(&spec, &state, &["prestart", "createRuntime"])
-        .map_err(SupervisorError::Other)?;
+        .map_err(SupervisorError::Hook)?;
 
     let plan = super::spec::plan(&spec, &state.bundle, &state.rootfs, &args.config)?;
     for w in &plan.warnings {
@@ -180,16 +193,12 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             pty.take_as_controlling();
             Some(pty)
         }
-        (None, true) => {
-            return Err(SupervisorError::Other(
-                "process.terminal is true but no --console-socket was given".into(),
-            ))
-        }
+        (None, true) => return Err(SupervisorError::NoConsoleSocket),
         _ => None,
     };
 
     let listener = super::sock::bind(dir, CONTROL_SOCKET)
-        .map_err(|e| SupervisorError::Other(format!("cannot listen on control socket: {e}")))?;
+        .map_err(io_error("cannot listen on the control socket"))?;
     let mut cmdline = String::from("console=ttyS0 reboot=t panic=-1 quiet rdinit=/init");
     if host.accel == Accel::Tcg {
         if let Some(khz) = super::host::tsc_khz() {
@@ -266,17 +275,14 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     // in the guest kernel cannot be reached from a host binary).
     if let Err(e) = serve::run_hooks(&spec, &state, &["createContainer"]) {
         vm.kill();
-        return Err(SupervisorError::Other(e));
+        return Err(SupervisorError::Hook(e));
     }
     let cli_path = dir.join(super::vmstate::SUPERVISOR_SOCKET);
     let cli = match super::sock::bind(dir, super::vmstate::SUPERVISOR_SOCKET) {
         Ok(l) => l,
         Err(e) => {
             vm.kill();
-            return Err(SupervisorError::Other(format!(
-                "cannot listen on {}: {e}",
-                cli_path.display()
-            )));
+            return Err(io_error(format!("cannot listen on {}", cli_path.display()))(e));
         }
     };
     state.status = Status::Created;
@@ -309,12 +315,12 @@ fn handshake(
     };
     listener
         .set_nonblocking(true)
-        .map_err(|e| SupervisorError::Other(e.to_string()))?;
+        .map_err(io_error("control socket"))?;
     let mut conn = loop {
         match listener.accept() {
             Ok((c, _)) => break c,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(SupervisorError::Other(format!("control socket: {e}"))),
+            Err(e) => return Err(io_error("control socket")(e)),
         }
         if let Some(end) = vm.exited() {
             return Err(SupervisorError::Guest(format!(
@@ -330,7 +336,7 @@ fn handshake(
         std::thread::sleep(Duration::from_millis(5));
     };
     conn.set_nonblocking(false)
-        .map_err(|e| SupervisorError::Other(e.to_string()))?;
+        .map_err(io_error("control channel"))?;
     loop {
         // Poll for Hello so a VM that dies while booting is noticed. A
         // frame that has begun is read whole, however slowly it comes,
@@ -339,7 +345,7 @@ fn handshake(
         let frame = if readable(&conn, Duration::from_millis(200))? {
             let left = deadline.saturating_duration_since(Instant::now());
             conn.set_read_timeout(Some(left.max(Duration::from_millis(1))))
-                .map_err(|e| SupervisorError::Other(e.to_string()))?;
+                .map_err(io_error("control channel"))?;
             Some(Frame::read_from(&mut conn))
         } else {
             None
@@ -386,7 +392,7 @@ fn handshake(
         }
     }
     conn.set_read_timeout(None)
-        .map_err(|e| SupervisorError::Other(e.to_string()))?;
+        .map_err(io_error("control channel"))?;
     Ok(conn)
 }
 
@@ -398,7 +404,7 @@ fn readable(conn: &UnixStream, wait: Duration) -> Result<bool, SupervisorError> 
     match poll(&mut fds, timeout) {
         Ok(n) => Ok(n > 0),
         Err(nix::errno::Errno::EINTR) => Ok(false),
-        Err(e) => Err(SupervisorError::Other(format!("control socket: {e}"))),
+        Err(e) => Err(io_error("control channel")(e.into())),
     }
 }
 
