@@ -227,11 +227,9 @@ pub fn runc_state(container: &Container) -> RuncState {
 
 /// The rootfs a bundle's config.json names, resolved against the bundle.
 fn rootfs_of(bundle: &Path) -> PathBuf {
-    let config = bundle.join("config.json");
-    let root = std::fs::read(&config)
+    let root = oci_spec::runtime::Spec::load(bundle.join("config.json"))
         .ok()
-        .and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok())
-        .and_then(|v| v.get("root")?.get("path")?.as_str().map(PathBuf::from));
+        .and_then(|s| s.root().as_ref().map(|r| r.path().clone()));
     match root {
         Some(p) if p.is_absolute() => p,
         Some(p) => bundle.join(p),
