@@ -18,6 +18,7 @@ pub mod logging;
 pub mod microvm;
 pub mod signal;
 pub mod state;
+pub mod term;
 pub mod tier;
 
 /// The host↔guest control protocol (its own crate, so the hostile-guest

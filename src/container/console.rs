@@ -143,25 +143,11 @@ mod tests {
             return;
         };
         let res = apply_to_init(child.id() as i32, 33, 101);
-        let mut ws = libc::winsize {
-            ws_row: 0,
-            ws_col: 0,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        // SAFETY: TIOCGWINSZ writes one winsize into the struct we pass.
-        let rc = unsafe {
-            libc::ioctl(
-                std::os::fd::AsRawFd::as_raw_fd(&pty.master),
-                libc::TIOCGWINSZ,
-                &mut ws,
-            )
-        };
+        let size = crate::term::window_size(std::os::fd::AsFd::as_fd(&pty.master));
         let _ = child.kill();
         let _ = child.wait();
         res.unwrap();
-        assert_eq!(rc, 0);
-        assert_eq!((ws.ws_row, ws.ws_col), (33, 101));
+        assert_eq!(size, Some((33, 101)));
     }
 
     #[test]

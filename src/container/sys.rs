@@ -240,21 +240,7 @@ pub fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
-/// TIOCSWINSZ on a terminal descriptor.
-pub fn set_winsize(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
-    let ws = libc::winsize {
-        ws_row: rows,
-        ws_col: cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCSWINSZ reads one winsize from the struct we pass.
-    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
+pub use crate::term::set_window_size as set_winsize;
 
 #[cfg(test)]
 mod tests {

@@ -162,17 +162,8 @@ impl Relay {
 impl RunningRelay {
     /// Copies our terminal's window size to the container's.
     pub fn resize(&self) {
-        let mut ws = libc::winsize {
-            ws_row: 0,
-            ws_col: 0,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        // SAFETY: TIOCGWINSZ writes one winsize into the struct we pass.
-        let rc = unsafe { libc::ioctl(libc::STDIN_FILENO, libc::TIOCGWINSZ, &mut ws) };
-        if rc == 0 {
-            // SAFETY: TIOCSWINSZ reads one winsize from the struct we pass.
-            unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+        if let Some((rows, cols)) = crate::term::window_size(std::io::stdin().as_fd()) {
+            let _ = crate::term::set_window_size(self.master.as_fd(), rows, cols);
         }
     }
 

@@ -164,20 +164,8 @@ impl Stream {
         let Some(master) = &self.pty else {
             return Err("the process has no terminal".to_string());
         };
-        let ws = libc::winsize {
-            ws_row: rows,
-            ws_col: cols,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        // SAFETY: TIOCSWINSZ reads one winsize from the struct we pass.
-        let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
-        if rc < 0 {
-            return Err(format!(
-                "cannot resize the terminal: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
+        crate::term::set_window_size(master.as_fd(), rows, cols)
+            .map_err(|e| format!("cannot resize the terminal: {e}"))?;
         Ok(())
     }
 }

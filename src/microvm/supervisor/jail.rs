@@ -332,7 +332,7 @@ mod tests {
                 return 2;
             }
             // On the list: a thread, a pipe, time.
-            let t = std::thread::spawn(|| std::time::Instant::now());
+            let t = std::thread::spawn(std::time::Instant::now);
             if t.join().is_err() {
                 return 3;
             }

@@ -82,15 +82,4 @@ impl HostPty {
     }
 }
 
-/// The window size of a terminal, when one was set.
-pub fn window_size(fd: std::os::fd::BorrowedFd) -> Option<(u16, u16)> {
-    let mut ws = libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ writes one winsize into the struct we pass.
-    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) };
-    (rc == 0 && ws.ws_row > 0 && ws.ws_col > 0).then_some((ws.ws_row, ws.ws_col))
-}
+pub use crate::term::window_size;
