@@ -283,15 +283,7 @@ fn wait_for_end(
             }
             Ok(Event::Signal(sig)) => {
                 let s = shared.clone();
-                std::thread::spawn(move || {
-                    if let Err(e) = s.request(&HostMessage::Signal {
-                        id: INIT_STREAM,
-                        signal: sig,
-                        all: false,
-                    }) {
-                        tracing::warn!("cannot forward signal {sig}: {e}");
-                    }
-                });
+                std::thread::spawn(move || forward_signal(&s, sig));
             }
             Err(RecvTimeoutError::Timeout) => {
                 if let Some(end) = vm.exited() {
@@ -301,6 +293,21 @@ fn wait_for_end(
             }
             Err(RecvTimeoutError::Disconnected) => return End::Lost,
         }
+    }
+}
+
+/// A signal the supervisor received goes to the container's init in the
+/// guest, as runc's init would have received it.
+fn forward_signal(shared: &Shared, sig: i32) {
+    let msg = HostMessage::Signal {
+        id: INIT_STREAM,
+        signal: sig,
+        all: false,
+    };
+    match shared.request(&msg) {
+        Ok(Reply::Ok) => {}
+        Ok(other) => tracing::warn!("cannot forward signal {sig}: {other:?}"),
+        Err(e) => tracing::warn!("cannot forward signal {sig}: {e}"),
     }
 }
 
@@ -610,5 +617,164 @@ fn relay_gone(shared: &Shared, id: u32) {
             signal: SIGKILL,
             all: false,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The running phase against a fake guest on a socket pair: requests
+    //! and replies, signal forwarding, exec relays, hostile input.
+
+    use super::*;
+    use crate::microvm::client::ExecEvent;
+
+    /// Output sink the test can read.
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    struct Fixture {
+        shared: Arc<Shared>,
+        guest: UnixStream,
+        events: Receiver<Event>,
+        stdout: Sink,
+    }
+
+    fn fixture() -> Fixture {
+        let (host, guest) = UnixStream::pair().unwrap();
+        let (tx, events) = mpsc::channel();
+        let stdout = Sink::default();
+        let shared = Arc::new(Shared {
+            writer: Mutex::new(host.try_clone().unwrap()),
+            pending: Mutex::new(None),
+            request_lock: Mutex::new(()),
+            relays: Relays::new(),
+            guest_log: Mutex::new(GuestLog::new(Instant::now())),
+            stdout: Mutex::new(Box::new(stdout.clone())),
+            stderr: Mutex::new(Box::new(Sink::default())),
+            events: tx,
+            dir: std::env::temp_dir(),
+        });
+        spawn_reader(shared.clone(), host);
+        Fixture {
+            shared,
+            guest,
+            events,
+            stdout,
+        }
+    }
+
+    impl Fixture {
+        /// The next request the host sent the guest.
+        fn next_request(&mut self) -> HostMessage {
+            let f = Frame::read_from(&mut self.guest).unwrap();
+            assert_eq!(f.kind, Kind::Control);
+            f.parse_control().unwrap()
+        }
+
+        fn send(&mut self, msg: &GuestMessage) {
+            Frame::control(msg).write_to(&mut self.guest).unwrap();
+        }
+
+        fn gone(&self) -> Option<String> {
+            match self.events.recv_timeout(Duration::from_secs(5)) {
+                Ok(Event::GuestGone(why)) => Some(why),
+                _ => None,
+            }
+        }
+    }
+
+    fn process() -> Box<Process> {
+        Box::new(
+            serde_json::from_value(serde_json::json!({"args": ["true"], "cwd": "/"})).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_forwarded_signal_reaches_the_init_in_the_guest() {
+        let mut f = fixture();
+        let shared = f.shared.clone();
+        let forwarder = std::thread::spawn(move || forward_signal(&shared, SIGTERM));
+        assert_eq!(
+            f.next_request(),
+            HostMessage::Signal {
+                id: INIT_STREAM,
+                signal: SIGTERM,
+                all: false
+            }
+        );
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        forwarder.join().unwrap();
+    }
+
+    #[test]
+    fn the_init_s_output_and_exit_reach_the_supervisor() {
+        let mut f = fixture();
+        Frame::data(Kind::Stdout, INIT_STREAM, b"hello\n")
+            .write_to(&mut f.guest)
+            .unwrap();
+        f.send(&GuestMessage::Exit {
+            id: INIT_STREAM,
+            status: 128 + libc::SIGSEGV,
+        });
+        match f.events.recv_timeout(Duration::from_secs(5)) {
+            Ok(Event::InitExit(status)) => assert_eq!(status, 139),
+            _ => panic!("no exit event"),
+        }
+        assert_eq!(f.stdout.0.lock().unwrap().as_slice(), b"hello\n");
+    }
+
+    #[test]
+    fn an_exit_for_a_stream_never_started_is_a_violation() {
+        let mut f = fixture();
+        f.send(&GuestMessage::Exit { id: 42, status: 0 });
+        let why = f.gone().expect("the guest must be given up");
+        assert!(why.contains("never started"), "{why}");
+    }
+
+    #[test]
+    fn an_unasked_reply_is_a_violation() {
+        let mut f = fixture();
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        let why = f.gone().expect("the guest must be given up");
+        assert!(why.contains("nobody asked"), "{why}");
+    }
+
+    #[test]
+    fn stdin_frames_from_the_guest_are_a_violation() {
+        let mut f = fixture();
+        Frame::data(Kind::Stdin, INIT_STREAM, b"x")
+            .write_to(&mut f.guest)
+            .unwrap();
+        let why = f.gone().expect("the guest must be given up");
+        assert!(why.contains("protocol violation"), "{why}");
+    }
+
+    #[test]
+    fn a_log_flood_is_absorbed_and_requests_still_work() {
+        let mut f = fixture();
+        let line = GuestMessage::Log {
+            level: "error".into(),
+            message: "x".repeat(64 * 1024),
+        };
+        for _ in 0..2000 {
+            f.send(&line);
+        }
+        let shared = f.shared.clone();
+        let asker = std::thread::spawn(move || shared.request(&HostMessage::Stats));
+        assert_eq!(f.next_request(), HostMessage::Stats);
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        assert_eq!(asker.join().unwrap(), Ok(Reply::Ok));
+        let log = f.shared.guest_log.lock().unwrap();
+        assert!(log.dropped_total() >= 1000, "{}", log.dropped_total());
     }
 }
