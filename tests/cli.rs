@@ -3,8 +3,7 @@
 //! behind; concurrent commands on one id do not interleave; the lifecycle
 //! behaves as runc's.
 
-#[allow(dead_code)]
-mod common;
+use agentvm_test_support as common;
 
 use common::bundle::{assert_nothing_left, assert_one_clear_error, skip_unless_root, Fixture};
 use common::cmd::Output;

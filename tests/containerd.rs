@@ -1,13 +1,12 @@
 //! containerd end to end: a dedicated containerd, driven by `ctr run
 //! --runc-binary <agentvm>`, the tier chosen by the OCI annotation
-//! `io.agentvm.isolation=container` (see tests/common/containerd.rs).
+//! `io.agentvm.isolation=container` (see tests/support/src/containerd.rs).
 //! `AGENTVM_TEST_RUNTIME=runc` runs the same checks with runc.
 //!
 //!     cargo test --test containerd -- --nocapture
 
-#[allow(dead_code)]
-#[macro_use]
-mod common;
+use agentvm_test_support as common;
+use common::require;
 
 use common::containerd::containerd;
 use common::{expects_host_kernel, host_boot_id, unique_name};

@@ -6,9 +6,8 @@
 //!     cargo test --test docker -- --nocapture
 //!     AGENTVM_TEST_RUNTIME=runc cargo test --test docker
 
-#[allow(dead_code)]
-#[macro_use]
-mod common;
+use agentvm_test_support as common;
+use common::require;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -10,9 +10,8 @@
 //!
 //!     cargo test --release --test docker_microvm -- --nocapture
 
-#[allow(dead_code)]
-#[macro_use]
-mod common;
+use agentvm_test_support as common;
+use common::require;
 
 use std::time::Duration;
 

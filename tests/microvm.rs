@@ -8,9 +8,8 @@
 //! kernel `kernels/build.sh` builds (`make kernel`); without them each test
 //! prints `skipped: <why>`.
 
-#[allow(dead_code)]
-#[macro_use]
-mod common;
+use agentvm_test_support as common;
+use common::require;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -15,9 +15,8 @@
 //! prints `skipped: <why>`. The hostile programs are built with cargo by the
 //! first test that needs them.
 
-#[allow(dead_code)]
-#[macro_use]
-mod common;
+use agentvm_test_support as common;
+use common::require;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -1,13 +1,12 @@
 //! Podman end to end: `podman --runtime <agentvm> --runtime-flag
 //! isolation=container run ...` with isolated storage and config (see
-//! tests/common/podman.rs). `AGENTVM_TEST_RUNTIME=runc` runs the same checks
+//! tests/support/src/podman.rs). `AGENTVM_TEST_RUNTIME=runc` runs the same checks
 //! with runc.
 //!
 //!     cargo test --test podman -- --nocapture
 
-#[allow(dead_code)]
-#[macro_use]
-mod common;
+use agentvm_test_support as common;
+use common::require;
 
 use common::podman::{podman, IMAGE};
 use common::{cmd, expects_host_kernel, host_boot_id, ISOLATION_ANNOTATION};

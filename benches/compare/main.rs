@@ -27,17 +27,8 @@
 //! AGENTVM_BENCH_IDLE (c: idle containers per runtime, default 3),
 //! AGENTVM_BENCH_REPORT (also write the markdown report to this file).
 
-#[allow(dead_code, unused_imports)]
-#[path = "../../tests/common/mod.rs"]
-mod common;
-
 mod docker_run;
 mod error;
-/// agentvm's own newc writer, for the QEMU floor's initramfs (its unit
-/// tests come along unused).
-#[allow(dead_code, unused_imports)]
-#[path = "../../src/microvm/initramfs.rs"]
-mod initramfs;
 mod machine;
 mod memory;
 mod oci;
@@ -50,6 +41,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use agentvm_test_support as common;
 use anyhow::Context as _;
 
 use error::BenchError;
@@ -386,7 +378,7 @@ fn docker_part(opts: &Options, runtimes: &[Runtime]) -> anyhow::Result<(String, 
     let rows: Vec<Row> = series.iter().map(|s| Row::from_series(s, |t| *t)).collect();
     let section = format!(
         "## (b) `docker run --rm --runtime RT local/busybox true`\n\n\
-         {}, on the tests' own dockerd (`tests/common/docker.rs`). Wall clock of the `docker` \
+         {}, on the tests' own dockerd (`tests/support/src/docker.rs`). Wall clock of the `docker` \
          client:\n\n{}{}{}",
         schedule.describe(&list),
         ratio_table(&rows),

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use agentvm::microvm::initramfs::Cpio;
+
 use crate::error::BenchError;
-use crate::initramfs::Cpio;
 use crate::oci::Phases;
 use crate::reaper::{children_cpu, PidFd};
 

@@ -11,9 +11,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::protocol::{Frame, GuestMessage, HostMessage, Kind, Reply, SHARE_MOUNT, SHARE_TAG};
+use agentvm::protocol::{
+    self, Frame, GuestMessage, HostMessage, Kind, Reply, SHARE_MOUNT, SHARE_TAG,
+};
 
 use crate::common::guest::{kernel, VIRTIOFSD};
+
 /// Longest wait for any one thing the guest does (TCG is slow, and the
 /// machine may be busy building).
 pub const WAIT: Duration = Duration::from_secs(120);
@@ -352,7 +355,7 @@ impl Vm {
         let first = vm.next_frame();
         match first.parse_control::<GuestMessage>() {
             Ok(GuestMessage::Hello { version, kernel }) => {
-                assert_eq!(version, crate::protocol::VERSION);
+                assert_eq!(version, protocol::VERSION);
                 assert!(kernel.starts_with("Linux "), "{kernel}");
             }
             other => vm.fail(&format!("expected Hello first, got {other:?}")),

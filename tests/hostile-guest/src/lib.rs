@@ -15,11 +15,8 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-#[allow(dead_code)]
-#[path = "../../../src/microvm/protocol.rs"]
-mod protocol;
-
-use protocol::{Frame, GuestMessage, HostMessage, Kind, Reply, PORT_NAME, VERSION};
+use agentvm_protocol::{self as protocol, Frame, GuestMessage, HostMessage, Kind, Reply};
+use agentvm_protocol::{PORT_NAME, VERSION};
 
 /// What the guest does wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,10 +11,15 @@
 //! or a peer (`runc`, `crun`) to check that the suite itself is right.
 //!
 //! A test that cannot run here prints `skipped: <why>` and returns.
+//!
+//! This crate is shared by the integration tests (`tests/*.rs`, which
+//! import it as `common`) and the benchmark (`benches/compare`).
+//! `AGENTVM_TEST_BINARY` overrides which agentvm binary they run (see
+//! [`agentvm_bin`]).
 
 /// Returns early from a test with `skipped: <why>` when `$fixture` (an
 /// `Result<T, String>`) says the test cannot run here.
-#[allow(unused_macros)] // not every test binary has a fixture to require
+#[macro_export]
 macro_rules! require {
     ($fixture:expr) => {
         match $fixture {
@@ -40,6 +45,7 @@ pub mod rootfs;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 
 /// Sockets, pid files, logs and configs of the test daemons.
 pub const RUN_DIR: &str = "/run/agentvm-test";
@@ -91,9 +97,48 @@ impl Runtime {
     }
 }
 
-/// The agentvm binary cargo built for this test run.
+/// The agentvm binary cargo built for this test or benchmark run.
+///
+/// `$AGENTVM_TEST_BINARY` when set. Otherwise the `agentvm` next to the
+/// running executable's `deps/` directory: cargo puts an integration test
+/// or bench executable in `target/<triple>/<profile>/deps/` and, before
+/// running it, builds the package's binaries one level up, so that is the
+/// binary of the same build (profile and target). This crate is a
+/// library: cargo's `CARGO_BIN_EXE_agentvm` does not exist when it is
+/// compiled.
 pub fn agentvm_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentvm"))
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("AGENTVM_TEST_BINARY").filter(|b| !b.is_empty()) {
+            return PathBuf::from(bin);
+        }
+        let exe = std::env::current_exe().expect("the path of the running test executable");
+        binary_of_build(&exe, "agentvm")
+    })
+    .clone()
+}
+
+/// The binary `name` of the cargo build that made the test or bench
+/// executable `exe`: in `exe`'s directory, or above it when that is
+/// `deps/`.
+fn binary_of_build(exe: &Path, name: &str) -> PathBuf {
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let profile_dir = match dir.parent() {
+        Some(parent) if dir.file_name().is_some_and(|d| d == "deps") => parent,
+        _ => dir,
+    };
+    profile_dir.join(name)
+}
+
+/// The agentvm repository (the workspace root): where `kernels/` and
+/// `tests/images/` are.
+pub fn repo_root() -> PathBuf {
+    // This crate is tests/support.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("tests/support is two levels below the repository")
+        .to_path_buf()
 }
 
 /// Looks a program up in `PATH`.
@@ -200,5 +245,31 @@ pub fn process_gone(pid: i32) -> bool {
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().next())
             .is_none_or(|state| state == "Z" || state == "X"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_binary_is_found_above_deps_in_the_same_profile() {
+        let exe = Path::new("/t/target/x86_64-unknown-linux-gnu/release/deps/cli-0123abcd");
+        assert_eq!(
+            binary_of_build(exe, "agentvm"),
+            Path::new("/t/target/x86_64-unknown-linux-gnu/release/agentvm")
+        );
+        // An executable run from the profile directory itself.
+        let exe = Path::new("/t/target/debug/compare");
+        assert_eq!(
+            binary_of_build(exe, "agentvm"),
+            Path::new("/t/target/debug/agentvm")
+        );
+    }
+
+    #[test]
+    fn the_repository_holds_the_test_scripts() {
+        assert!(repo_root().join("tests/images/busybox-rootfs.sh").is_file());
+        assert!(repo_root().join("kernels/build.sh").is_file());
     }
 }

@@ -15,7 +15,6 @@ use super::cmd::Output;
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A state root, a bundle and a log of their own, removed at the end.
-/// A state root, a bundle and a log of their own, removed at the end.
 pub struct Fixture {
     pub dir: tempfile::TempDir,
     /// Global flags before every command (`--isolation`, `--config`).
@@ -24,6 +23,8 @@ pub struct Fixture {
 
 impl Fixture {
     /// A fixture for the container tier.
+    // Not `Default`: it creates a directory and a bundle on disk.
+    #[allow(clippy::new_without_default)]
     pub fn new() -> Fixture {
         Fixture::with_flags(&["--isolation=container"])
     }

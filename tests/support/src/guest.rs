@@ -7,10 +7,6 @@ use std::process::{Command, Stdio};
 /// Where scripts/install-virtiofsd.sh (`make virtiofsd`) puts virtiofsd.
 pub const VIRTIOFSD: &str = "/usr/local/libexec/agentvm/virtiofsd";
 
-fn manifest_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// $AGENTVM_KERNEL, else what kernels/build.sh prints (a cache hit once
 /// the kernel was built on this machine).
 pub fn kernel() -> Result<PathBuf, String> {
@@ -21,7 +17,7 @@ pub fn kernel() -> Result<PathBuf, String> {
         return Ok(PathBuf::from(k));
     }
     // Only a cached kernel: building one takes minutes, `make kernel` does.
-    let out = Command::new(manifest_dir().join("kernels/build.sh"))
+    let out = Command::new(super::repo_root().join("kernels/build.sh"))
         .arg("--print-key")
         .stderr(Stdio::null())
         .output()

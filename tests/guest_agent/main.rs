@@ -10,17 +10,13 @@
 //! AGENTVM_TEST_CONSOLE=1 prints each guest's serial console;
 //! AGENTVM_TEST_APPEND adds kernel command-line words (`loglevel=7`).
 
-#[allow(dead_code)]
-mod common;
-#[allow(dead_code)]
-#[path = "../src/microvm/protocol.rs"]
-mod protocol;
-#[path = "guest_agent/vm.rs"]
 mod vm;
 
 use std::sync::Mutex;
 
-use protocol::{Frame, HostMessage, Kind, Reply};
+use agentvm::protocol::{Frame, HostMessage, Kind, Reply};
+use agentvm_test_support as common;
+use serde::de::DeserializeOwned;
 use vm::Vm;
 
 static ONE_VM_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -52,6 +48,15 @@ fn expect_ok(vm: &Vm, reply: Reply) {
     }
 }
 
+/// The typed OCI value (`Spec`, `Process`) a request carries, from the
+/// JSON the tests write and edit.
+fn typed<T: DeserializeOwned>(json: serde_json::Value) -> Box<T> {
+    match serde_json::from_value(json) {
+        Ok(v) => Box::new(v),
+        Err(e) => panic!("not a valid {}: {e}", std::any::type_name::<T>()),
+    }
+}
+
 fn exec_process(args: &[&str]) -> serde_json::Value {
     let mut p = vm::spec(args)["process"].clone();
     p["noNewPrivileges"] = serde_json::Value::Bool(false);
@@ -68,7 +73,7 @@ fn echo_hello_reaches_the_host_and_exits_zero() {
         "-c",
         "echo hello; hostname; echo written-in-guest > /tmp/from-guest",
     ]);
-    let reply = vm.request(&HostMessage::Create { spec });
+    let reply = vm.request(&HostMessage::Create { spec: typed(spec) });
     let created_at = vm.started.elapsed();
     created_pid(&vm, reply);
     let reply = vm.request(&HostMessage::Start);
@@ -102,7 +107,7 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
     let (mut vm, _guard) = boot!();
     let init = "trap 'echo got-term; exit 42' TERM; echo ready; while true; do sleep 0.2; done";
     let reply = vm.request(&HostMessage::Create {
-        spec: vm::spec(&["sh", "-c", init]),
+        spec: typed(vm::spec(&["sh", "-c", init])),
     });
     let init_pid = created_pid(&vm, reply);
     let reply = vm.request(&HostMessage::Start);
@@ -110,7 +115,10 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
     vm.wait_stdout(0, "ready");
 
     let process = exec_process(&["sh", "-c", "echo from-exec; echo to-stderr >&2; exit 7"]);
-    let reply = vm.request(&HostMessage::Exec { id: 1, process });
+    let reply = vm.request(&HostMessage::Exec {
+        id: 1,
+        process: typed(process),
+    });
     created_pid(&vm, reply);
     assert_eq!(vm.wait_exit(1), 7);
     assert_eq!(vm.output(1, Kind::Stdout), "from-exec\n");
@@ -118,14 +126,17 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
 
     let mut process = exec_process(&["id", "-u"]);
     process["user"] = serde_json::json!({"uid": 1000, "gid": 1000});
-    let reply = vm.request(&HostMessage::Exec { id: 2, process });
+    let reply = vm.request(&HostMessage::Exec {
+        id: 2,
+        process: typed(process),
+    });
     created_pid(&vm, reply);
     assert_eq!(vm.wait_exit(2), 0);
     assert_eq!(vm.output(2, Kind::Stdout), "1000\n");
 
     let reply = vm.request(&HostMessage::Exec {
         id: 3,
-        process: exec_process(&["cat"]),
+        process: typed(exec_process(&["cat"])),
     });
     created_pid(&vm, reply);
     vm.stdin(3, b"ping\n");
@@ -135,7 +146,10 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
 
     let mut process = exec_process(&["sh", "-c", "read line; stty size; echo tty:$line"]);
     process["terminal"] = serde_json::Value::Bool(true);
-    let reply = vm.request(&HostMessage::Exec { id: 4, process });
+    let reply = vm.request(&HostMessage::Exec {
+        id: 4,
+        process: typed(process),
+    });
     created_pid(&vm, reply);
     let reply = vm.request(&HostMessage::Resize {
         id: 4,
@@ -154,7 +168,11 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
     // More output than a pipe, a port write and a frame hold.
     let reply = vm.request(&HostMessage::Exec {
         id: 6,
-        process: exec_process(&["sh", "-c", "yes 0123456789abcdef | head -c 3000000"]),
+        process: typed(exec_process(&[
+            "sh",
+            "-c",
+            "yes 0123456789abcdef | head -c 3000000",
+        ])),
     });
     created_pid(&vm, reply);
     assert_eq!(vm.wait_exit(6), 0);
@@ -165,7 +183,7 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
     // A background child keeps stdout open: Exit still comes.
     let reply = vm.request(&HostMessage::Exec {
         id: 7,
-        process: exec_process(&["sh", "-c", "sleep 1000 & echo bg-started"]),
+        process: typed(exec_process(&["sh", "-c", "sleep 1000 & echo bg-started"])),
     });
     created_pid(&vm, reply);
     assert_eq!(vm.wait_exit(7), 0);
@@ -173,7 +191,7 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
 
     let reply = vm.request(&HostMessage::Exec {
         id: 5,
-        process: exec_process(&["sleep", "1000"]),
+        process: typed(exec_process(&["sleep", "1000"])),
     });
     let sleep_pid = created_pid(&vm, reply);
     match vm.request(&HostMessage::Ps) {
@@ -243,12 +261,12 @@ fn bad_requests_are_errors_and_garbage_ends_the_vm_cleanly() {
     }
     let reply = vm.request(&HostMessage::Exec {
         id: 0,
-        process: exec_process(&["true"]),
+        process: typed(exec_process(&["true"])),
     });
     assert!(matches!(reply, Reply::Error { .. }), "{reply:?}");
     let reply = vm.request(&HostMessage::Exec {
         id: 1,
-        process: serde_json::json!({"args": []}),
+        process: typed(exec_process(&[])),
     });
     assert!(matches!(reply, Reply::Error { .. }), "{reply:?}");
     let reply = vm.request(&HostMessage::Signal {
@@ -294,7 +312,7 @@ fn bad_requests_are_errors_and_garbage_ends_the_vm_cleanly() {
 fn terminal_init_signal_all_and_shutdown_with_live_processes() {
     let (mut vm, _guard) = boot!();
     match vm.request(&HostMessage::Create {
-        spec: vm::spec(&["/no/such/binary"]),
+        spec: typed(vm::spec(&["/no/such/binary"])),
     }) {
         Reply::Error { message } => {
             eprintln!("create with a missing executable: {message}");
@@ -311,7 +329,7 @@ fn terminal_init_signal_all_and_shutdown_with_live_processes() {
         "read x; tty; stty size; echo got:$x; sleep 1000",
     ]);
     spec["process"]["terminal"] = serde_json::Value::Bool(true);
-    let reply = vm.request(&HostMessage::Create { spec });
+    let reply = vm.request(&HostMessage::Create { spec: typed(spec) });
     created_pid(&vm, reply);
     let reply = vm.request(&HostMessage::Start);
     expect_ok(&vm, reply);
@@ -330,7 +348,7 @@ fn terminal_init_signal_all_and_shutdown_with_live_processes() {
     );
     let reply = vm.request(&HostMessage::Exec {
         id: 1,
-        process: exec_process(&["sleep", "1000"]),
+        process: typed(exec_process(&["sleep", "1000"])),
     });
     created_pid(&vm, reply);
     let reply = vm.request(&HostMessage::Signal {
@@ -344,7 +362,7 @@ fn terminal_init_signal_all_and_shutdown_with_live_processes() {
 
     // A second container in the same VM is refused.
     let reply = vm.request(&HostMessage::Create {
-        spec: vm::spec(&["true"]),
+        spec: typed(vm::spec(&["true"])),
     });
     assert!(
         matches!(&reply, Reply::Error { message } if message.contains("already exists")),

@@ -10,7 +10,7 @@ pub const IMAGE: &str = "local/busybox";
 
 /// The build script, in the source tree.
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/images/busybox-rootfs.sh")
+    super::repo_root().join("tests/images/busybox-rootfs.sh")
 }
 
 /// Builds (once) the rootfs tarball with `tests/images/busybox-rootfs.sh`
