@@ -194,9 +194,9 @@ impl tier::Tier for Tier {
 
     fn init_pid(&self, ctx: &Context, id: &str) -> tier::Result<Pid> {
         let container = load(ctx, id)?;
-        Ok(container
+        container
             .pid()
-            .ok_or_else(|| status_error(format!("container {id} has no init pid")))?)
+            .ok_or_else(|| status_error(format!("container {id} has no init pid")))
     }
 }
 
