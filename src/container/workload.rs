@@ -10,8 +10,8 @@ use libcontainer::workload::{
 use oci_spec::runtime::{LinuxSeccomp, Spec};
 
 /// Starts the workload:
-/// - gives it the default SIGPIPE disposition (agentvm itself ignores
-///   SIGPIPE, and an ignored disposition would survive the exec);
+/// - gives it every signal at its default disposition and none blocked
+///   (see [`reset_signals`]);
 /// - for `exec`, installs the container's seccomp profile, which
 ///   libcontainer leaves out of an exec'd process's spec, so that `exec`
 ///   never runs with fewer restrictions than the container's init.
@@ -22,10 +22,39 @@ pub struct Workload {
     pub seccomp: Option<LinuxSeccomp>,
 }
 
+/// Gives the process every signal at its default disposition and an empty
+/// signal mask.
+///
+/// An ignored disposition and the mask survive `execve`, and the container's
+/// process is cloned from the `agentvm create` (or `exec`) process, so without
+/// this the workload inherits whatever agentvm's invoker left ignored or
+/// blocked: SIGPIPE, which agentvm itself ignores; SIGHUP under `nohup`;
+/// SIGINT and SIGQUIT in a background job of a script. A shell cannot trap a
+/// signal that was ignored when it started (POSIX `trap`), so under `nohup`
+/// a workload's `trap ... HUP` was silently void, where runc's workloads
+/// never inherit an ignored signal. A blocked one would never arrive at all
+/// (runc leaves some blocked; no program expects that).
+///
+/// For an init this runs after libcontainer installed the container's
+/// seccomp filter: under a profile that denies `rt_sigaction` or
+/// `rt_sigprocmask` the calls fail and the inherited state stays.
+fn reset_signals() {
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: installing SIG_DFL passes no handler code and no memory;
+        // numbers libc reserves for itself only make the call fail (EINVAL).
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+    // Unblock only now: a signal pending until here gets its default action,
+    // as it would have right after the exec.
+    let _ = nix::sys::signal::SigSet::empty().thread_set_mask();
+}
+
 impl Executor for Workload {
     fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
-        // SAFETY: resetting a disposition to SIG_DFL has no preconditions.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        reset_signals();
         if let Some(seccomp) = &self.seccomp {
             let has_admin = caps::has_cap(
                 None,

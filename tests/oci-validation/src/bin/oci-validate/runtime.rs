@@ -1,12 +1,14 @@
 //! Invoking one OCI runtime's command line, each with its own `--root`.
 
 use std::fs::File;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use nix::sys::signal::Signal;
 
 /// How long one runtime command may take before it is killed.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -127,12 +129,34 @@ impl Runtime {
     /// Starts `args` with stdout and stderr going to fresh files, so a
     /// container that inherits them never blocks the harness.
     pub fn spawn(&self, args: &[&str]) -> Result<Pending> {
+        self.spawn_ignoring(args, &[])
+    }
+
+    /// As [`Runtime::spawn`], with the `ignored` signals at SIG_IGN in the
+    /// runtime's process (std gives every child an empty signal mask and the
+    /// default SIGPIPE, and leaves other dispositions as the harness has them).
+    fn spawn_ignoring(&self, args: &[&str], ignored: &[Signal]) -> Result<Pending> {
         let what = args.first().copied().unwrap_or("cmd");
         let (out, fo, err, fe) = self.log_files(what)?;
-        let child = self
-            .command(args)
-            .stdout(fo)
-            .stderr(fe)
+        let mut command = self.command(args);
+        command.stdout(fo).stderr(fe);
+        if !ignored.is_empty() {
+            let ignored: Vec<libc::c_int> = ignored.iter().map(|s| *s as libc::c_int).collect();
+            // SAFETY: the hook runs in the child between fork and exec and
+            // only calls signal(2), which is async-signal-safe; it allocates
+            // nothing (the list was built before the fork).
+            unsafe {
+                command.pre_exec(move || {
+                    for &sig in &ignored {
+                        if libc::signal(sig, libc::SIG_IGN) == libc::SIG_ERR {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command
             .spawn()
             .with_context(|| format!("spawn {} {what}", self.argv[0]))?;
         crate::reaper::register(child.id());
@@ -142,8 +166,15 @@ impl Runtime {
     /// Runs `args` to completion (or the timeout). With OCI_VALIDATE_TRACE
     /// set, each command and its duration go to stderr.
     pub fn run(&self, args: &[&str]) -> Result<Output> {
+        self.run_ignoring(args, &[])
+    }
+
+    /// As [`Runtime::run`], with the `ignored` signals ignored in the
+    /// runtime's process, as whoever started it may have left them: `nohup`
+    /// ignores SIGHUP, a background job of a script SIGINT and SIGQUIT.
+    pub fn run_ignoring(&self, args: &[&str], ignored: &[Signal]) -> Result<Output> {
         let started = Instant::now();
-        let out = self.spawn(args)?.wait(TIMEOUT)?;
+        let out = self.spawn_ignoring(args, ignored)?.wait(TIMEOUT)?;
         if std::env::var_os("OCI_VALIDATE_TRACE").is_some() {
             eprintln!(
                 "  [{}] {} -> {:?} in {:.3}s",
