@@ -626,7 +626,6 @@ mod tests {
     //! and replies, signal forwarding, exec relays, hostile input.
 
     use super::*;
-    use crate::microvm::client::ExecEvent;
 
     /// Output sink the test can read.
     #[derive(Clone, Default)]
@@ -691,12 +690,6 @@ mod tests {
                 _ => None,
             }
         }
-    }
-
-    fn process() -> Box<Process> {
-        Box::new(
-            serde_json::from_value(serde_json::json!({"args": ["true"], "cwd": "/"})).unwrap(),
-        )
     }
 
     #[test]
