@@ -35,6 +35,9 @@ pub struct Output {
     pub stdout: String,
     pub stderr: String,
     pub timed_out: bool,
+    /// On a timeout: the command's process tree as it was, each process
+    /// with its state and where the kernel has it waiting.
+    pub hung: String,
 }
 
 impl Output {
@@ -45,7 +48,7 @@ impl Output {
     /// A short description for a failure detail: exit code and stderr tail.
     pub fn describe(&self) -> String {
         let status = match (self.timed_out, self.code) {
-            (true, _) => "timed out".to_string(),
+            (true, _) => format!("timed out [{}]", self.hung),
             (false, Some(c)) => format!("exit {c}"),
             (false, None) => match self.signal {
                 Some(s) => format!("killed by signal {s}"),
@@ -221,6 +224,11 @@ impl Pending {
     pub fn wait(mut self, timeout: Duration) -> Result<Output> {
         let status = wait_timeout(&mut self.child, timeout)?;
         let timed_out = status.is_none();
+        let hung = if timed_out {
+            process_tree(self.child.id())
+        } else {
+            String::new()
+        };
         if timed_out {
             // Best-effort: the process may have exited right at the deadline.
             let _ = self.child.kill();
@@ -233,8 +241,65 @@ impl Pending {
             stdout: std::fs::read_to_string(&self.out).unwrap_or_default(),
             stderr: std::fs::read_to_string(&self.err).unwrap_or_default(),
             timed_out,
+            hung,
         })
     }
+}
+
+/// `pid` and its descendants as `pid comm state wchan` (threads' wait
+/// channels after a `/`), for a failure detail.
+fn process_tree(root: u32) -> String {
+    let stat = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let ppid = stat(pid).and_then(|s| {
+                let rest = s.rsplit_once(')')?.1.to_string();
+                rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+            });
+            if let Some(ppid) = ppid {
+                parents.push((pid, ppid));
+            }
+        }
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    let wchan = |path: String| {
+        std::fs::read_to_string(path)
+            .map(|w| w.trim().to_string())
+            .unwrap_or_default()
+    };
+    tree.iter()
+        .map(|pid| {
+            let s = stat(*pid).unwrap_or_default();
+            let comm = s
+                .split_once('(')
+                .and_then(|(_, r)| r.rsplit_once(')'))
+                .map(|(c, _)| c.to_string())
+                .unwrap_or_default();
+            let state = s
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string))
+                .unwrap_or_default();
+            let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|d| {
+                    d.flatten()
+                        .map(|t| wchan(format!("{}/wchan", t.path().display())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            format!("{pid} {comm} {state} /{}", threads.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 #[cfg(test)]
