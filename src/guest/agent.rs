@@ -33,6 +33,8 @@ pub struct Agent {
     pub(super) share_error: Option<String>,
     /// Processes by stream id: 0 the container's init, N exec N.
     pub(super) streams: BTreeMap<u32, Stream>,
+    /// The container's network namespace, once `Network` configured it.
+    pub(super) netns: Option<std::path::PathBuf>,
     buf: Vec<u8>,
 }
 
@@ -71,6 +73,7 @@ impl Agent {
             ctx,
             share_error,
             streams: BTreeMap::new(),
+            netns: None,
             buf: vec![0u8; OUTPUT_CHUNK],
         })
     }

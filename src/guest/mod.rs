@@ -23,6 +23,7 @@ mod agent;
 mod boot;
 mod console;
 mod hooks;
+mod net;
 mod port;
 mod requests;
 mod stream;

@@ -61,6 +61,7 @@ impl Agent {
     /// Serves one request (all but Shutdown, which the loop handles).
     pub(super) fn handle(&mut self, msg: HostMessage) -> Reply {
         let result = match msg {
+            HostMessage::Network { network } => self.network(network),
             HostMessage::Create { spec } => self.create(*spec),
             HostMessage::Start => self.start(),
             HostMessage::RunHooks { hooks, state } => self.run_hooks(hooks, state),
@@ -77,6 +78,18 @@ impl Agent {
         })
     }
 
+    fn network(&mut self, network: crate::protocol::Network) -> Result<Reply, RequestError> {
+        if self.netns.is_some() || self.streams.contains_key(&INIT_STREAM) {
+            return Err(RequestError::Refused(
+                "the network is configured once, before create".into(),
+            ));
+        }
+        let path =
+            super::net::configure(&network).map_err(|e| RequestError::Refused(e.to_string()))?;
+        self.netns = Some(path);
+        Ok(Reply::Ok)
+    }
+
     fn create(&mut self, spec: Spec) -> Result<Reply, RequestError> {
         if self.streams.contains_key(&INIT_STREAM) || self.ctx.container_dir(CONTAINER_ID).exists()
         {
@@ -87,7 +100,7 @@ impl Agent {
         if let Some(e) = &self.share_error {
             return Err(RequestError::Refused(e.clone()));
         }
-        let spec = guest_spec(spec);
+        let spec = guest_spec(spec, self.netns.as_deref());
         let bundle_dir = Path::new(BUNDLE_DIR);
         std::fs::create_dir_all(bundle_dir).map_err(io(format!("cannot create {BUNDLE_DIR}")))?;
         let config = bundle_dir.join("config.json");
@@ -303,9 +316,22 @@ fn new_stream(pid: nix::unistd::Pid, stdio: Stdio) -> Result<Stream, RequestErro
 /// The spec as the guest runs it. The host already rewrote paths onto the
 /// share; here only the cgroup path changes when it has no meaning in the
 /// VM: a systemd-style `slice:prefix:name` (there is no systemd in the
-/// guest) or a relative path becomes [`GUEST_CGROUP`].
-pub fn guest_spec(mut spec: Spec) -> Spec {
+/// guest) or a relative path becomes [`GUEST_CGROUP`]. With a configured
+/// network the container joins its namespace (`netns`).
+pub fn guest_spec(mut spec: Spec, netns: Option<&Path>) -> Spec {
     let mut linux = spec.linux().clone().unwrap_or_default();
+    if let (Some(path), Some(nss)) = (netns, linux.namespaces().clone()) {
+        let nss = nss
+            .into_iter()
+            .map(|mut ns| {
+                if ns.typ() == oci_spec::runtime::LinuxNamespaceType::Network {
+                    ns.set_path(Some(path.to_path_buf()));
+                }
+                ns
+            })
+            .collect();
+        linux.set_namespaces(Some(nss));
+    }
     let keep = linux
         .cgroups_path()
         .as_ref()
@@ -388,13 +414,13 @@ mod tests {
             let mut linux = spec.linux().clone().unwrap_or_default();
             linux.set_cgroups_path(path.map(Into::into));
             spec.set_linux(Some(linux));
-            let out = guest_spec(spec);
+            let out = guest_spec(spec, None);
             let got = out.linux().as_ref().and_then(|l| l.cgroups_path().clone());
             assert_eq!(got, Some(want.into()));
         }
         let mut spec = Spec::default();
         spec.set_linux(None);
-        let got = guest_spec(spec)
+        let got = guest_spec(spec, None)
             .linux()
             .as_ref()
             .and_then(|l| l.cgroups_path().clone());

@@ -24,6 +24,7 @@ pub mod client;
 pub mod exec;
 pub mod host;
 pub mod initramfs;
+pub mod net;
 
 mod runtime;
 pub mod sock;

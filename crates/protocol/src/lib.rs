@@ -224,6 +224,10 @@ impl Decoder {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum HostMessage {
+    /// Configure the guest's network before `Create`: one interface per
+    /// interface of the container's network namespace, found by MAC.
+    /// Reply: `Ok`.
+    Network { network: Network },
     /// Create the container from a complete OCI spec whose paths are guest
     /// paths (the host rewrote root and bind mounts onto the shares).
     /// Reply: `Created { pid }`.
@@ -251,6 +255,56 @@ pub enum HostMessage {
     Update { resources: Box<LinuxResources> },
     /// Kill everything, sync and power off. Reply: `Ok`, then the VM ends.
     Shutdown,
+}
+
+/// The guest's network, as the host read it from the container's network
+/// namespace.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Network {
+    pub interfaces: Vec<Interface>,
+    /// A DNS relay in the guest for a resolver the container's
+    /// `resolv.conf` names on a loopback address (Docker's embedded DNS at
+    /// 127.0.0.11 is an address inside the container's network namespace,
+    /// which the guest's own loopback cannot reach).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<DnsRelay>,
+}
+
+/// One NIC of the guest.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Interface {
+    /// The name it has in the container's namespace (`eth0`).
+    pub name: String,
+    /// `aa:bb:cc:dd:ee:ff`: the namespace interface's MAC, which the VMM
+    /// gives the virtio NIC.
+    pub mac: String,
+    pub mtu: u32,
+    pub addresses: Vec<IpNet>,
+    /// In the order to add them (on-link routes before the routes through
+    /// a gateway on them).
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct IpNet {
+    pub addr: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Route {
+    pub dst: IpNet,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<std::net::IpAddr>,
+}
+
+/// UDP DNS relay: the guest listens on port 53 of each `listen` address
+/// (loopback addresses of the guest) and forwards to `upstream`, the
+/// host-side relay in the container's network namespace.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DnsRelay {
+    pub listen: Vec<std::net::IpAddr>,
+    pub upstream: std::net::SocketAddr,
 }
 
 /// The OCI state a hook reads on its stdin, as `agentvm state` shows it.

@@ -49,6 +49,8 @@ pub enum SupervisorError {
     #[error(transparent)]
     Plan(#[from] super::spec::SpecError),
     #[error(transparent)]
+    Net(#[from] super::net::NetError),
+    #[error(transparent)]
     Initramfs(#[from] super::initramfs::InitramfsError),
     #[error(transparent)]
     State(#[from] crate::state::StateError),
@@ -150,6 +152,8 @@ pub struct Booted {
     /// so a `start` right after `create` finds it.
     pub cli: UnixListener,
     pub guest_log: guest_log::GuestLog,
+    /// The host side of the DNS relay, started once the jail is on.
+    pub dns: Option<super::net::HostDnsRelay>,
 }
 
 fn boot(args: &Args) -> Result<Booted, SupervisorError> {
@@ -159,9 +163,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     let host = Host::probe(&args.config)?;
 
     stage::private_mounts()?;
-    if let Some(warning) = stage::network(&spec)? {
-        tracing::warn!("container {}: {warning}", state.id);
-    }
+    stage::network(&spec)?;
     state.systemd_cgroup = args.systemd_cgroup;
     state.cgroup_path = stage::cgroup(&spec, &state.id, args.systemd_cgroup)?;
     state.supervisor_pid = Some(std::process::id() as i32);
@@ -170,6 +172,11 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     state.save(dir)?;
     serve::run_hooks(&spec, &state, &["prestart", "createRuntime"])
         .map_err(SupervisorError::Hook)?;
+    // The hooks have put Docker's or CNI's interfaces in the namespace.
+    let plumbed = super::net::plumb(super::net::resolv_conf(&spec, &state.rootfs).as_deref())?;
+    for w in &plumbed.warnings {
+        tracing::warn!("container {}: {w}", state.id);
+    }
 
     let plan = super::spec::plan(&spec, &state.bundle, &state.rootfs, &args.config)?;
     for w in &plan.warnings {
@@ -216,6 +223,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         console_log: dir.join(CONSOLE_LOG),
         run_dir: dir.clone(),
         kvm: host.accel == Accel::Kvm,
+        nics: plumbed.nics.clone(),
     };
     let backend = super::vmm::for_host(&host);
     tracing::info!(
@@ -244,6 +252,33 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             return Err(e);
         }
     };
+    if !plumbed.guest.interfaces.is_empty() {
+        let reply = serve::send_and_wait(
+            &mut guest,
+            &HostMessage::Network {
+                network: plumbed.guest.clone(),
+            },
+            timeout,
+            &mut guest_log,
+        );
+        match reply {
+            Ok(Reply::Ok) => {}
+            Ok(Reply::Error { message }) => {
+                vm.kill();
+                return Err(SupervisorError::Guest(message));
+            }
+            Ok(other) => {
+                vm.kill();
+                return Err(SupervisorError::Violation(format!(
+                    "unexpected reply to network: {other:?}"
+                )));
+            }
+            Err(e) => {
+                vm.kill();
+                return Err(e);
+            }
+        }
+    }
     let reply = serve::send_and_wait(
         &mut guest,
         &HostMessage::Create {
@@ -285,6 +320,9 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             return Err(io_error(format!("cannot listen on {}", cli_path.display()))(e));
         }
     };
+    // QEMU holds the taps now.
+    drop(config);
+    let dns = plumbed.keep();
     state.status = Status::Created;
     state.vcpus = plan.vcpus;
     state.memory_mib = plan.memory_mib;
@@ -296,6 +334,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         state,
         cli,
         guest_log,
+        dns,
     })
 }
 

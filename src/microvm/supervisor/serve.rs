@@ -170,6 +170,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         mut state,
         cli,
         guest_log,
+        dns,
     } = booted;
     // From here on the supervisor only relays: jail it before any thread
     // exists, so all of them inherit the jail.
@@ -178,6 +179,9 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         tracing::error!("container {}: {e}", state.id);
         vm.kill();
         return VM_LOST_STATUS;
+    }
+    if let Some(relay) = dns {
+        relay.spawn();
     }
     let (events_tx, events) = mpsc::channel();
     let writer = match guest.try_clone() {

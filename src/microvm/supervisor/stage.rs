@@ -28,6 +28,12 @@ pub enum StageError {
     MountPoint(#[from] crate::container::cwd::CwdError),
     #[error("cgroup {path}: {message}")]
     Cgroup { path: PathBuf, message: String },
+    #[error(
+        "the microvm tier cannot use the host's network (no network namespace in the spec, \
+         e.g. --network host): a microVM's NIC is routed through the container's own \
+         network namespace; use --isolation=container for host networking"
+    )]
+    HostNetwork,
 }
 
 fn sys(what: impl Into<String>) -> impl FnOnce(nix::errno::Errno) -> StageError {
@@ -49,16 +55,18 @@ pub fn private_mounts() -> Result<(), StageError> {
     .map_err(sys("make / private"))
 }
 
-/// Joins or creates the network namespace the spec names. Returns a
-/// warning when the container's network cannot reach the guest yet.
-pub fn network(spec: &Spec) -> Result<Option<String>, StageError> {
+/// Joins or creates the network namespace the spec names. A microVM
+/// cannot be given the host's own network (a spec without a network
+/// namespace, `--network host`): its NICs are routed through a namespace of
+/// the container's.
+pub fn network(spec: &Spec) -> Result<(), StageError> {
     let ns = spec
         .linux()
         .as_ref()
         .and_then(|l| l.namespaces().as_ref())
         .and_then(|a| a.iter().find(|n| n.typ() == LinuxNamespaceType::Network));
     let Some(ns) = ns else {
-        return Ok(None);
+        return Err(StageError::HostNetwork);
     };
     match ns.path() {
         Some(path) => {
@@ -70,11 +78,7 @@ pub fn network(spec: &Spec) -> Result<Option<String>, StageError> {
         }
         None => unshare(CloneFlags::CLONE_NEWNET).map_err(sys("unshare network namespace"))?,
     }
-    Ok(Some(
-        "microvm networking is not implemented yet: the guest has loopback only; \
-         interfaces in the container's network namespace are not passed to it"
-            .into(),
-    ))
+    Ok(())
 }
 
 /// The VM's host cgroup when the spec names none: under our own tree, or

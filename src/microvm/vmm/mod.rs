@@ -43,6 +43,8 @@ pub struct VmConfig {
     /// it, so socket names are short whatever its path (see `sock`).
     pub run_dir: PathBuf,
     pub kvm: bool,
+    /// One virtio NIC per tap, in order.
+    pub nics: Vec<super::net::Nic>,
 }
 
 /// How a part of a VM ended.

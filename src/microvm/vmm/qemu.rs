@@ -20,6 +20,8 @@ pub struct Qemu {
 const FS_SOCKET: &str = "virtiofsd.sock";
 /// virtiofsd gets its listening socket as this fd.
 const VIRTIOFSD_FD: i32 = 3;
+/// QEMU gets NIC i's tap as fd NIC_FD_BASE + i.
+const NIC_FD_BASE: i32 = 3;
 
 impl Qemu {
     /// The virtiofsd command and the listening socket it inherits; the
@@ -115,6 +117,22 @@ impl Qemu {
         push(&format!("virtserialport,chardev=ctl,name={PORT_NAME}"));
         push("-device");
         push("virtio-rng-device");
+        // vhost-net only where the device exists and with KVM: QEMU aborts
+        // on vhost=on without it.
+        let vhost = config.kvm && Path::new("/dev/vhost-net").exists();
+        for (i, nic) in config.nics.iter().enumerate() {
+            push("-netdev");
+            push(&format!(
+                "tap,id=net{i},fd={}{}",
+                NIC_FD_BASE + i as i32,
+                if vhost { ",vhost=on" } else { "" }
+            ));
+            push("-device");
+            push(&format!(
+                "virtio-net-device,netdev=net{i},mac={}",
+                crate::netlink::format_mac(&nic.mac)
+            ));
+        }
         // QEMU's own seccomp filter: no new processes, no privilege
         // changes, no obsolete system calls, no scheduler or resource
         // controls — a guest that takes over the emulator gets no further.
@@ -155,7 +173,30 @@ impl Backend for Qemu {
                     .unwrap_or_else(|_| Stdio::null()),
             );
         die_with_parent(&mut cmd);
-        inherit_below(&mut cmd, 3);
+        let taps: Vec<i32> = config.nics.iter().map(|n| n.tap.as_raw_fd()).collect();
+        // SAFETY: runs between fork and exec; fcntl and dup2 are
+        // async-signal-safe and the taps stay open until spawn returns
+        // (`config` holds them).
+        unsafe {
+            cmd.pre_exec(move || {
+                // First out of the way of the target numbers, then onto them.
+                let mut high = Vec::with_capacity(taps.len());
+                for fd in &taps {
+                    let h = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 256);
+                    if h < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    high.push(h);
+                }
+                for (i, h) in high.iter().enumerate() {
+                    if libc::dup2(*h, NIC_FD_BASE + i as i32) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        inherit_below(&mut cmd, (NIC_FD_BASE as u32) + config.nics.len() as u32);
         match cmd.spawn() {
             Ok(child) => {
                 vm.processes.insert(0, ("qemu", child));

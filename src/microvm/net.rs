@@ -1,0 +1,396 @@
+//! The microVM on the container's network. The supervisor runs in the
+//! container's network namespace; after the OCI hooks ran (so Docker's or
+//! CNI's veth is there) it reads the namespace's interfaces and gives the
+//! guest one virtio NIC per interface, backed by a tap in the namespace.
+//!
+//! Packets are *routed* through the namespace's own IP stack, never bridged
+//! or redirected around it, so whatever the namespace enforces (the egress
+//! policy's rules) sees every packet of the guest:
+//! - the guest owns the interface's addresses and MAC: the namespace keeps
+//!   the address on its veth (its source address for ARP and its own
+//!   traffic) but drops it from the local table, routes it to the tap as a
+//!   host route, and answers ARP for it on the veth (a proxy neighbour);
+//! - on the tap, the namespace answers ARP for every other address (proxy
+//!   ARP), so the guest keeps the routes `docker inspect` shows; strict
+//!   reverse-path filtering drops whatever the guest sends from an address
+//!   that is not its own.
+//! - a resolver on a loopback address of the namespace (Docker's embedded
+//!   DNS at 127.0.0.11) is reached through a relay on [`DNS_RELAY`], an
+//!   address of the tap that the guest's own relay on that loopback address
+//!   forwards to.
+//!
+//! IPv6 addresses are not passed to the guest yet (a warning says so).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+
+use oci_spec::runtime::Spec;
+
+use crate::netlink::{
+    self, Link, Netlink, NetlinkError, Route, RouteKind, TABLE_LOCAL, TABLE_MAIN,
+};
+use crate::protocol::{DnsRelay, Interface, IpNet, Network, Route as GuestRoute};
+
+/// The namespace-side address of the DNS relay (on the first tap).
+pub const DNS_RELAY: Ipv4Addr = Ipv4Addr::new(169, 254, 53, 53);
+/// Taps are named `avtap0`, `avtap1`… in the container's namespace.
+pub const TAP_PREFIX: &str = "avtap";
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("microvm network: {0}")]
+    Netlink(#[from] NetlinkError),
+    #[error("microvm network: {what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NetError {
+    let what = what.into();
+    move |source| NetError::Io { what, source }
+}
+
+/// A NIC for the VMM: the tap's descriptor and the guest's MAC.
+#[derive(Debug, Clone)]
+pub struct Nic {
+    pub tap: Arc<OwnedFd>,
+    pub mac: [u8; 6],
+}
+
+/// The host-side DNS relay's sockets, in the container's namespace.
+#[derive(Debug)]
+pub struct HostDnsRelay {
+    pub listener: UdpSocket,
+    pub upstream_socket: UdpSocket,
+    pub upstream: SocketAddr,
+}
+
+impl HostDnsRelay {
+    pub fn spawn(self) {
+        std::thread::spawn(move || {
+            crate::dns_relay::run(vec![self.listener], self.upstream_socket, self.upstream)
+        });
+    }
+}
+
+/// What [`plumb`] set up. Dropped before [`Plumbed::keep`], it puts the
+/// namespace back as it was (boot failed).
+#[derive(Debug, Default)]
+pub struct Plumbed {
+    pub nics: Vec<Nic>,
+    pub guest: Network,
+    pub dns: Option<HostDnsRelay>,
+    pub warnings: Vec<String>,
+    /// Local routes taken out of the namespace's local table, and proxy
+    /// neighbours added, to put back if the VM never runs.
+    restore: Vec<(u32, Route)>,
+}
+
+impl Plumbed {
+    /// The VM runs: the plumbing stays for its life (the taps go with
+    /// QEMU; the namespace goes with the container). Returns the host-side
+    /// DNS relay to start.
+    pub fn keep(mut self) -> Option<HostDnsRelay> {
+        self.restore.clear();
+        self.dns.take()
+    }
+}
+
+impl Drop for Plumbed {
+    /// Puts the namespace back as it was (the taps go with their
+    /// descriptors). Best effort.
+    fn drop(&mut self) {
+        if self.restore.is_empty() {
+            return;
+        }
+        let Ok(mut nl) = Netlink::open() else {
+            return;
+        };
+        for (link, route) in self.restore.drain(..) {
+            let _ = nl.add_route(&route);
+            let _ = nl.del_proxy_neighbour(link, route.dst);
+        }
+    }
+}
+
+/// Reads the namespace the calling thread is in and plumbs a NIC for the
+/// guest per interface. `resolv_conf` is the container's resolver file.
+pub fn plumb(resolv_conf: Option<&str>) -> Result<Plumbed, NetError> {
+    let mut nl = Netlink::open()?;
+    let links = nl.links()?;
+    let addrs = nl.addresses()?;
+    let routes = nl.routes()?;
+    let mut out = Plumbed::default();
+    let candidates: Vec<&Link> = links
+        .iter()
+        .filter(|l| !l.loopback && !l.name.starts_with(TAP_PREFIX))
+        .collect();
+    for link in candidates {
+        let v4: Vec<_> = addrs
+            .iter()
+            .filter(|a| a.index == link.index && a.global && a.addr.is_ipv4())
+            .copied()
+            .collect();
+        let has_v6 = addrs
+            .iter()
+            .any(|a| a.index == link.index && a.global && a.addr.is_ipv6());
+        if has_v6 {
+            out.warnings.push(format!(
+                "{}: IPv6 addresses are not passed to the microVM yet",
+                link.name
+            ));
+        }
+        let Some(mac) = link.mac.filter(|_| link.ether) else {
+            out.warnings.push(format!(
+                "{}: not an Ethernet interface; the microVM does not get it",
+                link.name
+            ));
+            continue;
+        };
+        if v4.is_empty() || !link.up {
+            out.warnings.push(format!(
+                "{}: down or without an IPv4 address; the microVM does not get it",
+                link.name
+            ));
+            continue;
+        }
+        let tap_name = format!("{TAP_PREFIX}{}", out.nics.len());
+        let tap = open_tap(&tap_name)?;
+        let tap_index = nl
+            .links()?
+            .into_iter()
+            .find(|l| l.name == tap_name)
+            .map(|l| l.index)
+            .ok_or_else(|| NetError::Io {
+                what: format!("find {tap_name}"),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            })?;
+        let sysctls = [
+            ("ipv4/ip_forward".to_string(), "1"),
+            (format!("ipv4/conf/{tap_name}/proxy_arp"), "1"),
+            (format!("ipv4/conf/{tap_name}/rp_filter"), "1"),
+            (format!("ipv4/conf/{tap_name}/send_redirects"), "0"),
+            (format!("ipv4/neigh/{tap_name}/proxy_delay"), "0"),
+            (format!("ipv4/neigh/{}/proxy_delay", link.name), "0"),
+            (format!("ipv6/conf/{tap_name}/disable_ipv6"), "1"),
+        ];
+        for (path, value) in &sysctls {
+            netlink::sysctl(path, value).map_err(io(format!("set net.{path}")))?;
+        }
+        // Loose filtering on `all` would override the tap's strict one.
+        if netlink::read_sysctl("ipv4/conf/all/rp_filter").is_ok_and(|v| v == "2") {
+            netlink::sysctl("ipv4/conf/all/rp_filter", "1")
+                .map_err(io("set net.ipv4.conf.all.rp_filter"))?;
+        }
+        nl.set_link(tap_index, None, None, Some(link.mtu), true)?;
+
+        let mut guest_routes = Vec::new();
+        // On-link routes first: a gateway must be reachable when its
+        // route is added.
+        let mut own: Vec<&Route> = routes
+            .iter()
+            .filter(|r| {
+                r.table == TABLE_MAIN
+                    && r.kind == RouteKind::Unicast
+                    && r.oif == Some(link.index)
+                    && r.dst.is_ipv4()
+            })
+            .collect();
+        own.sort_by_key(|r| r.gateway.is_some());
+        for r in own {
+            guest_routes.push(GuestRoute {
+                dst: IpNet {
+                    addr: r.dst,
+                    prefix: r.prefix,
+                },
+                gateway: r.gateway,
+            });
+        }
+        for a in &v4 {
+            let local = Route {
+                table: TABLE_LOCAL,
+                dst: a.addr,
+                prefix: 32,
+                gateway: None,
+                oif: Some(link.index),
+                kind: RouteKind::Local,
+            };
+            // Already gone when a namespace that outlived a container is
+            // used again.
+            match nl.del_route(&local) {
+                Ok(()) => out.restore.push((link.index, local)),
+                Err(NetlinkError::Kernel { source, .. })
+                    if source.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(e.into()),
+            }
+            nl.add_route(&Route {
+                table: TABLE_MAIN,
+                dst: a.addr,
+                prefix: 32,
+                gateway: None,
+                oif: Some(tap_index),
+                kind: RouteKind::Unicast,
+            })?;
+            nl.add_proxy_neighbour(link.index, a.addr)?;
+            // The namespace never asks the guest who it is: its ARP request
+            // would come from the guest's own address, which the guest
+            // drops as a martian.
+            nl.add_neighbour(tap_index, a.addr, mac)?;
+        }
+        out.guest.interfaces.push(Interface {
+            name: link.name.clone(),
+            mac: netlink::format_mac(&mac),
+            mtu: link.mtu,
+            addresses: v4
+                .iter()
+                .map(|a| IpNet {
+                    addr: a.addr,
+                    prefix: a.prefix,
+                })
+                .collect(),
+            routes: guest_routes,
+        });
+        out.nics.push(Nic {
+            tap: Arc::new(tap),
+            mac,
+        });
+    }
+
+    let loopback_resolvers: Vec<IpAddr> = resolv_conf
+        .map(nameservers)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|ip| ip.is_ipv4() && ip.is_loopback())
+        .collect();
+    if let (Some(first), Some(iface)) = (
+        loopback_resolvers.first().copied(),
+        out.guest.interfaces.first_mut(),
+    ) {
+        let tap_index = nl
+            .links()?
+            .into_iter()
+            .find(|l| l.name == format!("{TAP_PREFIX}0"))
+            .map(|l| l.index)
+            .unwrap_or(0);
+        nl.add_address(tap_index, IpAddr::V4(DNS_RELAY), 32)?;
+        let listener = UdpSocket::bind(SocketAddr::new(IpAddr::V4(DNS_RELAY), 53))
+            .map_err(io(format!("bind {DNS_RELAY}:53")))?;
+        let upstream_socket =
+            UdpSocket::bind(("0.0.0.0", 0)).map_err(io("bind the DNS relay's socket"))?;
+        iface.routes.insert(
+            0,
+            GuestRoute {
+                dst: IpNet {
+                    addr: IpAddr::V4(DNS_RELAY),
+                    prefix: 32,
+                },
+                gateway: None,
+            },
+        );
+        out.guest.dns = Some(DnsRelay {
+            listen: loopback_resolvers.clone(),
+            upstream: SocketAddr::new(IpAddr::V4(DNS_RELAY), 53),
+        });
+        out.dns = Some(HostDnsRelay {
+            listener,
+            upstream_socket,
+            upstream: SocketAddr::new(first, 53),
+        });
+    }
+    Ok(out)
+}
+
+/// The `nameserver` addresses of a resolv.conf.
+pub fn nameservers(text: &str) -> Vec<IpAddr> {
+    text.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("nameserver"))
+                .then(|| words.next())
+                .flatten()
+                .and_then(|w| w.parse().ok())
+        })
+        .collect()
+}
+
+/// The container's resolv.conf as the host sees it: the file bind-mounted
+/// at /etc/resolv.conf (Docker, Podman), else the rootfs's own.
+pub fn resolv_conf(spec: &Spec, rootfs: &Path) -> Option<String> {
+    let mounted = spec.mounts().as_ref().and_then(|ms| {
+        ms.iter()
+            .rev()
+            .find(|m| m.destination() == Path::new("/etc/resolv.conf"))
+            .and_then(|m| m.source().clone())
+    });
+    let path = mounted.unwrap_or_else(|| rootfs.join("etc/resolv.conf"));
+    std::fs::read_to_string(path).ok()
+}
+
+#[repr(C)]
+struct IfReq {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// `TUNSETIFF`: _IOW('T', 202, int).
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+
+/// Creates tap `name` (gone when its last descriptor closes).
+fn open_tap(name: &str) -> Result<OwnedFd, NetError> {
+    let what = || format!("create tap {name} (/dev/net/tun)");
+    let path = c"/dev/net/tun";
+    // SAFETY: open(2) with a NUL-terminated path; the result is checked.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io(what())(std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        flags: (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short,
+        _pad: [0; 22],
+    };
+    let bytes = name.as_bytes();
+    if bytes.len() >= libc::IFNAMSIZ {
+        return Err(io(what())(std::io::Error::from(
+            std::io::ErrorKind::InvalidInput,
+        )));
+    }
+    req.name[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: TUNSETIFF reads and writes a struct ifreq, which `req` is
+    // laid out as (name, flags, padding to its full size).
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF, &mut req) };
+    if rc < 0 {
+        return Err(io(what())(std::io::Error::last_os_error()));
+    }
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ifreq_is_the_kernels_size() {
+        assert_eq!(std::mem::size_of::<IfReq>(), 40);
+    }
+
+    #[test]
+    fn nameservers_are_read() {
+        let text = "# generated\nsearch x\nnameserver 127.0.0.11\nnameserver  10.0.0.2 # c\n\
+                    nameserver bogus\noptions ndots:0\n";
+        assert_eq!(
+            nameservers(text),
+            vec![
+                "127.0.0.11".parse::<IpAddr>().unwrap(),
+                "10.0.0.2".parse().unwrap()
+            ]
+        );
+    }
+}
