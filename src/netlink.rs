@@ -323,6 +323,11 @@ impl Netlink {
         if let Some(oif) = route.oif {
             msg.attributes.push(RouteAttribute::Oif(oif));
         }
+        if route.kind == RouteKind::Local {
+            // As the kernel adds it with the address.
+            msg.attributes
+                .push(RouteAttribute::PrefSource(RouteAddress::from(route.dst)));
+        }
         msg
     }
 

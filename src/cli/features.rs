@@ -115,8 +115,10 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
     let (default_tier, source) = config.select_isolation(global.isolation, None)?;
     let microvm = match crate::microvm::host::Host::probe(&config) {
         Ok(h) => format!(
-            "available: qemu microvm, {} ({}); not implemented yet: networking (the guest has \
-             loopback only), joining host namespaces by path, update of vCPUs/RAM after create",
+            "available: qemu microvm, {} ({}), IPv4 networking routed through the container's \
+             namespace; refused: the host's network (--network host); not implemented yet: \
+             IPv6 in the guest, egress policy, joining host namespaces by path, update of \
+             vCPUs/RAM after create",
             h.accel.as_str(),
             h.accel_reason
         ),

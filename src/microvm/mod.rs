@@ -160,6 +160,8 @@ fn start_supervisor(
         vcpus: 0,
         memory_mib: 0,
         systemd_cgroup: ctx.systemd_cgroup,
+        netns: None,
+        net_restore: Vec::new(),
     };
     state.save(dir)?;
 
@@ -514,6 +516,11 @@ fn destroy(ctx: &Context, id: &str) -> Result<()> {
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
+        }
+        // The VM is gone: a namespace that outlives it gets its
+        // addresses back.
+        if let (Some(ns), false) = (&s.netns, s.net_restore.is_empty()) {
+            net::restore(ns, &s.net_restore);
         }
         if s.supervisor_pid.is_some() {
             let hooks = s

@@ -88,15 +88,67 @@ pub struct Plumbed {
     /// Local routes taken out of the namespace's local table, and proxy
     /// neighbours added, to put back if the VM never runs.
     restore: Vec<(u32, Route)>,
+    /// The same, by link name, for `delete` to put back in a namespace
+    /// that outlives the container (CNI's).
+    names: Vec<Restore>,
+}
+
+/// An address the guest took over from link `link` of the namespace.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Restore {
+    pub link: String,
+    pub addr: IpAddr,
+}
+
+/// Gives the namespace at `netns` its addresses back (`delete`): each is
+/// local again and no longer answered for by proxy. Best effort: the
+/// namespace or its links may be gone already.
+pub fn restore(netns: &Path, entries: &[Restore]) {
+    let Ok(ns) = std::fs::File::open(netns) else {
+        return;
+    };
+    let entries = entries.to_vec();
+    let _ = std::thread::spawn(move || {
+        if nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
+            return;
+        }
+        let Ok(mut nl) = Netlink::open() else {
+            return;
+        };
+        let (Ok(links), Ok(addrs)) = (nl.links(), nl.addresses()) else {
+            return;
+        };
+        for e in &entries {
+            let Some(link) = links.iter().find(|l| l.name == e.link) else {
+                continue;
+            };
+            if !addrs
+                .iter()
+                .any(|a| a.index == link.index && a.addr == e.addr)
+            {
+                continue;
+            }
+            let _ = nl.add_route(&Route {
+                table: TABLE_LOCAL,
+                dst: e.addr,
+                prefix: if e.addr.is_ipv4() { 32 } else { 128 },
+                gateway: None,
+                oif: Some(link.index),
+                kind: RouteKind::Local,
+            });
+            let _ = nl.del_proxy_neighbour(link.index, e.addr);
+        }
+    })
+    .join();
 }
 
 impl Plumbed {
     /// The VM runs: the plumbing stays for its life (the taps go with
     /// QEMU; the namespace goes with the container). Returns the host-side
     /// DNS relay to start.
-    pub fn keep(mut self) -> Option<HostDnsRelay> {
+    pub fn keep(mut self) -> (Option<HostDnsRelay>, Vec<Restore>) {
         self.restore.clear();
-        self.dns.take()
+        (self.dns.take(), std::mem::take(&mut self.names))
     }
 }
 
@@ -222,7 +274,13 @@ pub fn plumb(resolv_conf: Option<&str>) -> Result<Plumbed, NetError> {
             // Already gone when a namespace that outlived a container is
             // used again.
             match nl.del_route(&local) {
-                Ok(()) => out.restore.push((link.index, local)),
+                Ok(()) => {
+                    out.restore.push((link.index, local));
+                    out.names.push(Restore {
+                        link: link.name.clone(),
+                        addr: a.addr,
+                    });
+                }
                 Err(NetlinkError::Kernel { source, .. })
                     if source.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(e) => return Err(e.into()),

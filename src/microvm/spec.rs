@@ -238,6 +238,18 @@ pub fn plan(
 }
 
 /// Whether a mount is a bind mount (its type, or a bind option).
+/// The path of the network namespace the spec joins, if it names one.
+pub fn netns_path(spec: &Spec) -> Option<PathBuf> {
+    spec.linux()
+        .as_ref()?
+        .namespaces()
+        .as_ref()?
+        .iter()
+        .find(|n| n.typ() == LinuxNamespaceType::Network)?
+        .path()
+        .clone()
+}
+
 pub fn is_bind(m: &Mount) -> bool {
     m.typ().as_deref() == Some("bind")
         || m.options()

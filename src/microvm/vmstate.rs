@@ -48,6 +48,12 @@ pub struct VmState {
     /// The host cgroup is a systemd unit (`--systemd-cgroup`).
     #[serde(default)]
     pub systemd_cgroup: bool,
+    /// The network namespace the guest's NICs are routed through, when it
+    /// can outlive the container, and what `delete` gives back to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub net_restore: Vec<super::net::Restore>,
 }
 
 impl VmState {

@@ -322,7 +322,9 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     };
     // QEMU holds the taps now.
     drop(config);
-    let dns = plumbed.keep();
+    let (dns, restore) = plumbed.keep();
+    state.netns = super::spec::netns_path(&spec);
+    state.net_restore = restore;
     state.status = Status::Created;
     state.vcpus = plan.vcpus;
     state.memory_mib = plan.memory_mib;

@@ -29,7 +29,7 @@ pub enum StageError {
     #[error("cgroup {path}: {message}")]
     Cgroup { path: PathBuf, message: String },
     #[error(
-        "the microvm tier cannot use the host's network (no network namespace in the spec, \
+        "the microvm tier cannot use the host's network (the spec names no network namespace of its own, \
          e.g. --network host): a microVM's NIC is routed through the container's own \
          network namespace; use --isolation=container for host networking"
     )]
@@ -74,6 +74,20 @@ pub fn network(spec: &Spec) -> Result<(), StageError> {
                 what: format!("open network namespace {}", path.display()),
                 source,
             })?;
+            // Docker's `--network host` names a bind of the host's own
+            // namespace (/var/run/docker/netns/default).
+            let ours = std::fs::metadata("/proc/self/ns/net").map_err(|source| StageError::Io {
+                what: "stat /proc/self/ns/net".into(),
+                source,
+            })?;
+            let theirs = f.metadata().map_err(|source| StageError::Io {
+                what: format!("stat network namespace {}", path.display()),
+                source,
+            })?;
+            use std::os::unix::fs::MetadataExt;
+            if (ours.dev(), ours.ino()) == (theirs.dev(), theirs.ino()) {
+                return Err(StageError::HostNetwork);
+            }
             setns(f, CloneFlags::CLONE_NEWNET).map_err(sys(format!("join {}", path.display())))?;
         }
         None => unshare(CloneFlags::CLONE_NEWNET).map_err(sys("unshare network namespace"))?,

@@ -1,0 +1,300 @@
+//! Docker networking, side by side: runc (the reference), agentvm's
+//! container tier and its microvm tier on the same daemon and the same
+//! networks. What a Docker user relies on — the address, MAC, routes and
+//! MTU `docker inspect` reports, a published port, a server on the host's
+//! bridge address, containers finding each other by name through Docker's
+//! embedded DNS, `--network none` — holds in every tier; `--network host`
+//! is refused by the microvm tier with an error naming why.
+//!
+//! Needs root and Docker; the microvm column also needs QEMU, virtiofsd and
+//! the guest kernel, else it prints `skipped: <why>`. No address outside
+//! this machine is used.
+//!
+//!     cargo test --release --test docker_network -- --nocapture
+
+use agentvm_test_support as common;
+use common::require;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use common::docker::{docker, docker_with, Docker};
+use common::{unique_name, wait_for, Runtime};
+
+/// The runtimes under test, each with why it cannot run here.
+fn runtimes() -> Vec<Result<Docker, String>> {
+    let microvm = match common::guest::unavailable() {
+        Some(why) => Err(format!("microvm: {why}")),
+        None => docker_with(Runtime::AgentvmDefault),
+    };
+    vec![
+        docker_with(Runtime::Peer("runc".into())),
+        docker_with(Runtime::AgentvmContainer),
+        microvm,
+    ]
+}
+
+/// Runs `check` for each runtime that can run here, saying which cannot.
+fn each_runtime(check: impl Fn(&Docker)) {
+    for d in runtimes() {
+        match d {
+            Ok(d) => {
+                eprintln!("-- {}", d.runtime.docker_name());
+                check(&d);
+            }
+            Err(why) => eprintln!("skipped: {why}"),
+        }
+    }
+}
+
+/// A user-defined network, removed on drop.
+struct Network<'a> {
+    docker: &'a Docker,
+    name: String,
+}
+
+impl<'a> Network<'a> {
+    fn create(docker: &'a Docker, test: &str, opts: &[&str]) -> Network<'a> {
+        let name = unique_name(test);
+        let mut args = vec!["network", "create"];
+        args.extend_from_slice(opts);
+        args.push(&name);
+        docker.run(&args).ok();
+        Network { docker, name }
+    }
+}
+
+impl Drop for Network<'_> {
+    fn drop(&mut self) {
+        let _ = self.docker.run(&["network", "rm", &self.name]);
+    }
+}
+
+/// A shell line serving /www over HTTP on port 80 in the foreground.
+const HTTPD: &str =
+    "mkdir -p /www && echo hello-from-the-container > /www/index.html && echo serving && exec httpd -f -p 80 -h /www";
+
+fn http_get(addr: &str, path: &str) -> std::io::Result<Vec<u8>> {
+    let mut s = TcpStream::connect_timeout(
+        &addr
+            .parse()
+            .map_err(|e| std::io::Error::other(format!("{addr}: {e}")))?,
+        Duration::from_secs(10),
+    )?;
+    s.set_read_timeout(Some(Duration::from_secs(120)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n")?;
+    let mut all = Vec::new();
+    s.read_to_end(&mut all)?;
+    let body = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| all[i + 4..].to_vec())
+        .unwrap_or_default();
+    Ok(body)
+}
+
+#[test]
+fn address_mac_routes_and_mtu_are_what_docker_inspect_reports() {
+    let base = require!(docker());
+    let net = Network::create(
+        base,
+        "mtu",
+        &["--opt", "com.docker.network.driver.mtu=1400"],
+    );
+    each_runtime(|d| {
+        let c = d.start("inspect", &["--network", &net.name], &["sleep", "600"]);
+        let want_ip = c.inspect(&format!(
+            "{{{{(index .NetworkSettings.Networks \"{}\").IPAddress}}}}",
+            net.name
+        ));
+        let want_mac = c.inspect(&format!(
+            "{{{{(index .NetworkSettings.Networks \"{}\").MacAddress}}}}",
+            net.name
+        ));
+        let want_gw = c.inspect(&format!(
+            "{{{{(index .NetworkSettings.Networks \"{}\").Gateway}}}}",
+            net.name
+        ));
+        let got = c
+            .exec(
+                &[],
+                &[
+                    "sh",
+                    "-c",
+                    "ip -4 -o addr show eth0; cat /sys/class/net/eth0/address /sys/class/net/eth0/mtu; ip route",
+                ],
+            )
+            .ok();
+        let text = got.out();
+        assert!(
+            text.contains(&format!("inet {want_ip}/")),
+            "{}: address {want_ip} not in\n{text}",
+            d.runtime.docker_name()
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines.contains(&want_mac.as_str()),
+            "MAC {want_mac} in\n{text}"
+        );
+        assert!(lines.contains(&"1400"), "MTU 1400 in\n{text}");
+        assert!(
+            text.contains(&format!("default via {want_gw} dev eth0")),
+            "default route via {want_gw} in\n{text}"
+        );
+        // The gateway answers.
+        c.exec(&[], &["ping", "-c", "1", "-W", "5", &want_gw]).ok();
+    });
+}
+
+#[test]
+fn a_published_port_serves_and_a_big_transfer_arrives_intact() {
+    let base = require!(docker());
+    let _ = base;
+    each_runtime(|d| {
+        let mib = 200;
+        let script = format!(
+            "mkdir -p /www && dd if=/dev/urandom of=/www/blob bs=1M count={mib} 2>/dev/null && \
+             sha256sum /www/blob > /www/sum && {HTTPD}"
+        );
+        let c = d.start("publish", &["-p", "127.0.0.1::80"], &["sh", "-c", &script]);
+        c.wait_for_log("serving");
+        let port = c.inspect("{{(index (index .NetworkSettings.Ports \"80/tcp\") 0).HostPort}}");
+        let addr = format!("127.0.0.1:{port}");
+        let body = wait_for(30, || {
+            http_get(&addr, "/index.html")
+                .ok()
+                .filter(|b| !b.is_empty())
+        })
+        .unwrap_or_else(|| panic!("{}: nothing served on {addr}", d.runtime.docker_name()));
+        assert_eq!(String::from_utf8_lossy(&body), "hello-from-the-container\n");
+        let blob = http_get(&addr, "/blob").expect("download the blob");
+        assert_eq!(
+            blob.len(),
+            mib << 20,
+            "{}: blob length",
+            d.runtime.docker_name()
+        );
+        let sum = String::from_utf8_lossy(&http_get(&addr, "/sum").expect("sum")).to_string();
+        let want = sum
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let got = sha256_hex(&blob);
+        assert_eq!(got, want, "{}: checksum", d.runtime.docker_name());
+    });
+}
+
+/// sha256 of `data` by the host's `sha256sum`.
+fn sha256_hex(data: &[u8]) -> String {
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sha256sum");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let data = data.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&data));
+    let out = child.wait_with_output().expect("sha256sum output");
+    writer.join().expect("writer").expect("write to sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn containers_on_a_user_network_reach_each_other_by_name() {
+    let base = require!(docker());
+    let net = Network::create(base, "names", &[]);
+    each_runtime(|d| {
+        let server = d.start(
+            "srv",
+            &["--network", &net.name, "--network-alias", "web"],
+            &["sh", "-c", HTTPD],
+        );
+        server.wait_for_log("serving");
+        for name in [server.name.as_str(), "web"] {
+            let out = d.run_rm(
+                &["--network", &net.name],
+                &[
+                    "wget",
+                    "-q",
+                    "-O",
+                    "-",
+                    &format!("http://{name}/index.html"),
+                ],
+            );
+            assert!(
+                out.success() && out.out() == "hello-from-the-container",
+                "{}: by name {name}:\n{out}",
+                d.runtime.docker_name()
+            );
+        }
+        // A name nobody registered does not resolve.
+        let out = d.run_rm(
+            &["--network", &net.name],
+            &["nslookup", "no-such-container.invalid"],
+        );
+        assert!(!out.success(), "{}: {out}", d.runtime.docker_name());
+    });
+}
+
+#[test]
+fn a_server_on_the_host_bridge_address_is_reachable() {
+    let base = require!(docker());
+    let gateway = base.bridge_gateway();
+    let listener = TcpListener::bind((gateway.as_str(), 0)).expect("listen on the bridge");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.0 200 OK\r\n\r\nfrom-the-host\n");
+        }
+    });
+    each_runtime(|d| {
+        let out = d
+            .run_rm(
+                &[],
+                &[
+                    "wget",
+                    "-q",
+                    "-O",
+                    "-",
+                    &format!("http://{gateway}:{port}/"),
+                ],
+            )
+            .ok();
+        assert_eq!(out.out(), "from-the-host", "{}", d.runtime.docker_name());
+    });
+}
+
+#[test]
+fn network_none_has_loopback_only() {
+    let _ = require!(docker());
+    each_runtime(|d| {
+        let out = d
+            .run_rm(&["--network", "none"], &["ls", "/sys/class/net"])
+            .ok();
+        assert_eq!(out.out(), "lo", "{}", d.runtime.docker_name());
+    });
+}
+
+#[test]
+fn network_host_is_refused_by_the_microvm_tier() {
+    let _ = require!(docker());
+    if let Some(why) = common::guest::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = docker_with(Runtime::AgentvmDefault).expect("docker");
+    let out = d.run_rm(&["--network", "host"], &["true"]);
+    assert!(!out.success(), "{out}");
+    assert!(
+        out.stderr.contains("host's network"),
+        "the error names the cause:\n{out}"
+    );
+}
