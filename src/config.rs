@@ -100,6 +100,20 @@ pub struct Config {
     pub isolation: Option<Isolation>,
     #[serde(default)]
     pub microvm: MicrovmConfig,
+    #[serde(default)]
+    pub egress: EgressConfig,
+}
+
+/// `[egress]`: the host-wide egress policy (see `egress.rs`).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressConfig {
+    /// `allow`, `deny` or an allowlist; the default when a container sets
+    /// none.
+    pub policy: Option<String>,
+    /// The flag and the annotation may only narrow `policy`.
+    #[serde(default)]
+    pub locked: bool,
 }
 
 /// Settings of the microvm tier.

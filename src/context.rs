@@ -10,6 +10,8 @@ pub struct Context {
     pub root: PathBuf,
     pub config: Config,
     pub isolation_flag: Option<Isolation>,
+    /// `--egress`, as given.
+    pub egress_flag: Option<String>,
     pub systemd_cgroup: bool,
     /// The --config path, passed on to the microvm supervisor.
     pub config_path: Option<PathBuf>,

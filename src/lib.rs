@@ -14,6 +14,7 @@ pub mod config;
 pub mod container;
 pub mod context;
 pub mod dns_relay;
+pub mod egress;
 pub mod guest;
 pub mod logging;
 pub mod microvm;

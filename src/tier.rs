@@ -71,6 +71,8 @@ pub struct CreateRequest<'a> {
     pub no_pivot: bool,
     /// False for a foreground `run` that relays the terminal itself.
     pub detached: bool,
+    /// The egress policy in force (`egress::Policy::select`).
+    pub egress: &'a crate::egress::Policy,
 }
 
 /// An `exec`, the process already built from `--process` or the flags.

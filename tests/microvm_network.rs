@@ -317,3 +317,152 @@ fn the_guest_cannot_use_another_address_or_mac() {
     );
     assert_nothing_left(&f, "mvn-spoof");
 }
+
+/// busybox httpd in the peer namespace on `port`, serving `body`; killed on
+/// drop.
+struct PeerServer {
+    child: std::process::Child,
+    _root: tempfile::TempDir,
+}
+
+impl PeerServer {
+    fn start(ns: &Netns, port: u16, body: &str) -> PeerServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("index.html"), body).expect("index.html");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns.peer, "busybox", "httpd", "-f"])
+            .arg("-p")
+            .arg(format!("{PEER}:{port}"))
+            .arg("-h")
+            .arg(dir.path())
+            .spawn()
+            .expect("start httpd in the peer namespace");
+        PeerServer { child, _root: dir }
+    }
+}
+
+impl Drop for PeerServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the guest reaches under `policy`: `port:ok|refused` for each
+/// port, and `ping:…`, as one line.
+fn reach_under(f: &Fixture, ns: &Netns, id: &str, policy: &str) -> String {
+    write_script(
+        f,
+        ns,
+        "for p in 8000 8001; do \
+           wget -q -O /dev/null http://10.231.0.1:$p/ && printf \"$p:ok \" || printf \"$p:refused \"; \
+         done; \
+         ping -c 1 -W 2 10.231.0.1 >/dev/null 2>&1 && echo ping:ok || echo ping:refused",
+    );
+    let out = f.agentvm(&["--egress", policy, "run", "--bundle", &bundle_arg(f), id]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_nothing_left(f, id);
+    out.stdout.trim().to_string()
+}
+
+#[test]
+fn the_egress_policy_is_enforced_outside_the_guest() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
+    let f = require!(microvm_in());
+    let ns = Netns::new("egress");
+    let before = ns.snapshot();
+    let _a = PeerServer::start(&ns, 8000, "a");
+    let _b = PeerServer::start(&ns, 8001, "b");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        reach_under(&f, &ns, "mvn-eg-allow", "allow"),
+        "8000:ok 8001:ok ping:ok"
+    );
+    assert_eq!(
+        reach_under(&f, &ns, "mvn-eg-port", "10.231.0.1:8000"),
+        "8000:ok 8001:refused ping:refused"
+    );
+    assert_eq!(
+        reach_under(&f, &ns, "mvn-eg-net", "10.231.0.0/24"),
+        "8000:ok 8001:ok ping:refused"
+    );
+    assert_eq!(
+        reach_under(&f, &ns, "mvn-eg-udp", "10.231.0.0/24/udp"),
+        "8000:refused 8001:refused ping:refused"
+    );
+    assert_eq!(
+        reach_under(&f, &ns, "mvn-eg-deny", "deny"),
+        "8000:refused 8001:refused ping:refused"
+    );
+    // Root in the guest moving to another address gains nothing either.
+    write_script(
+        &f,
+        &ns,
+        "ip addr del 10.231.0.2/24 dev eth0; ip addr add 10.231.0.9/24 dev eth0; \
+         ip route add default via 10.231.0.1; \
+         wget -q -O /dev/null http://10.231.0.1:8001/ && echo escaped || echo refused",
+    );
+    let out = f.agentvm(&[
+        "--egress",
+        "10.231.0.1:8000",
+        "run",
+        "--bundle",
+        &bundle_arg(&f),
+        "mvn-eg-move",
+    ]);
+    assert_eq!(out.out(), "refused", "{out}");
+    assert_eq!(
+        ns.snapshot(),
+        before,
+        "rules and routes are gone after delete"
+    );
+    let nft = Command::new("ip")
+        .args(["netns", "exec", &ns.container, "nft", "list", "tables"])
+        .output()
+        .expect("nft");
+    assert_eq!(
+        String::from_utf8_lossy(&nft.stdout).trim(),
+        "",
+        "nft tables left"
+    );
+}
+
+#[test]
+fn a_bad_or_unsupported_policy_is_refused_and_leaves_nothing() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
+    let f = require!(microvm_in());
+    write_script(&f, &Netns::new("bad"), "true");
+    for (policy, needle) in [
+        ("10.0.0.1/8", "bits set beyond /8"),
+        ("10.0.0.1:99999", "port"),
+        ("example.com:443", "not implemented yet"),
+        ("", "empty"),
+    ] {
+        let out = f.agentvm(&[
+            "--egress",
+            policy,
+            "run",
+            "--bundle",
+            &bundle_arg(&f),
+            "mvn-bad",
+        ]);
+        common::bundle::assert_one_clear_error(&f, &out, needle);
+        assert_nothing_left(&f, "mvn-bad");
+    }
+    let c = Fixture::new();
+    c.write_config(&["true"], |_| {});
+    let out = c.agentvm(&[
+        "--egress",
+        "deny",
+        "run",
+        "--bundle",
+        &bundle_arg(&c),
+        "ct-bad",
+    ]);
+    common::bundle::assert_one_clear_error(&c, &out, "not supported by the container tier");
+    assert_nothing_left(&c, "ct-bad");
+}

@@ -50,6 +50,25 @@ pub fn create_container(
         "container {id}: isolation {isolation} (from {source}), rootfs {}",
         bundle.rootfs.display()
     );
+    let annotations = bundle.spec.annotations().as_ref();
+    let (egress, egress_source) = crate::egress::Policy::select(
+        ctx.egress_flag.as_deref(),
+        annotations
+            .and_then(|a| a.get(crate::egress::EGRESS_ANNOTATION))
+            .map(String::as_str),
+        ctx.config.egress.policy.as_deref(),
+        ctx.config.egress.locked,
+    )
+    .with_context(|| format!("cannot create container {id}"))?;
+    egress
+        .check_supported()
+        .with_context(|| format!("cannot create container {id}"))?;
+    if !egress.is_allow() {
+        tracing::debug!(
+            "container {id}: egress policy {egress} (from {})",
+            egress_source.as_str()
+        );
+    }
     if args.preserve_fds < 0 {
         anyhow::bail!("--preserve-fds must not be negative");
     }
@@ -70,6 +89,7 @@ pub fn create_container(
             preserve_fds: args.preserve_fds,
             no_pivot: args.no_pivot,
             detached,
+            egress: &egress,
         },
     )
     .with_context(|| {

@@ -83,6 +83,11 @@ pub struct GlobalOpts {
     #[arg(long, global = true)]
     pub isolation: Option<Isolation>,
 
+    /// Egress policy: allow, deny, or an allowlist of CIDR[:PORT][/udp]
+    /// items (see README); narrows a locked policy of the config file
+    #[arg(long, global = true, value_name = "RULES")]
+    pub egress: Option<String>,
+
     /// Configuration file
     #[arg(long, global = true, env = "AGENTVM_CONFIG")]
     pub config: Option<PathBuf>,
@@ -253,6 +258,7 @@ fn context(global: &GlobalOpts) -> anyhow::Result<Context> {
         root,
         config,
         isolation_flag: global.isolation,
+        egress_flag: global.egress.clone(),
         systemd_cgroup: global.systemd_cgroup,
         config_path: global.config.as_ref().map(|p| absolute(p)).transpose()?,
         log: global.log.as_ref().map(|p| absolute(p)).transpose()?,

@@ -124,6 +124,7 @@ fn start(init_at: std::time::Duration) -> Result<agent::Agent, GuestError> {
         root: PathBuf::from(STATE_ROOT),
         config: Config::default(),
         isolation_flag: Some(Isolation::Container),
+        egress_flag: None,
         systemd_cgroup: false,
         config_path: None,
         log: None,

@@ -96,6 +96,7 @@ pub struct CreateOptions<'a> {
     pub pid_file: Option<&'a Path>,
     pub log: Option<&'a Path>,
     pub log_json: bool,
+    pub egress: &'a crate::egress::Policy,
 }
 
 /// Creates the container: starts its supervisor and waits until the guest
@@ -162,6 +163,7 @@ fn start_supervisor(
         systemd_cgroup: ctx.systemd_cgroup,
         netns: None,
         net_restore: Vec::new(),
+        egress: opts.egress.to_string(),
     };
     state.save(dir)?;
 
@@ -519,8 +521,9 @@ fn destroy(ctx: &Context, id: &str) -> Result<()> {
         }
         // The VM is gone: a namespace that outlives it gets its
         // addresses back.
-        if let (Some(ns), false) = (&s.netns, s.net_restore.is_empty()) {
-            net::restore(ns, &s.net_restore);
+        let rules = s.egress != "allow";
+        if let (Some(ns), true) = (&s.netns, rules || !s.net_restore.is_empty()) {
+            net::restore(ns, &s.net_restore, rules);
         }
         if s.supervisor_pid.is_some() {
             let hooks = s

@@ -42,6 +42,8 @@ pub const TAP_PREFIX: &str = "avtap";
 pub enum NetError {
     #[error("microvm network: {0}")]
     Netlink(#[from] NetlinkError),
+    #[error("microvm network: cannot install the egress rules with nft: {0}")]
+    Nft(String),
     #[error("microvm network: {what}: {source}")]
     Io {
         what: String,
@@ -91,6 +93,8 @@ pub struct Plumbed {
     /// The same, by link name, for `delete` to put back in a namespace
     /// that outlives the container (CNI's).
     names: Vec<Restore>,
+    /// The egress rules' table is installed.
+    nft: bool,
 }
 
 /// An address the guest took over from link `link` of the namespace.
@@ -103,7 +107,7 @@ pub struct Restore {
 /// Gives the namespace at `netns` its addresses back (`delete`): each is
 /// local again and no longer answered for by proxy. Best effort: the
 /// namespace or its links may be gone already.
-pub fn restore(netns: &Path, entries: &[Restore]) {
+pub fn restore(netns: &Path, entries: &[Restore], egress_rules: bool) {
     let Ok(ns) = std::fs::File::open(netns) else {
         return;
     };
@@ -111,6 +115,12 @@ pub fn restore(netns: &Path, entries: &[Restore]) {
     let _ = std::thread::spawn(move || {
         if nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
             return;
+        }
+        if egress_rules {
+            let _ = apply_nft(&format!(
+                "table inet {0}\ndelete table inet {0}\n",
+                crate::egress::NFT_TABLE
+            ));
         }
         let Ok(mut nl) = Netlink::open() else {
             return;
@@ -146,8 +156,15 @@ impl Plumbed {
     /// The VM runs: the plumbing stays for its life (the taps go with
     /// QEMU; the namespace goes with the container). Returns the host-side
     /// DNS relay to start.
+    /// Installs the egress rules (removed again if boot fails).
+    pub fn install_egress(&mut self, ruleset: &str) -> Result<(), NetError> {
+        self.nft = true;
+        apply_nft(ruleset)
+    }
+
     pub fn keep(mut self) -> (Option<HostDnsRelay>, Vec<Restore>) {
         self.restore.clear();
+        self.nft = false;
         (self.dns.take(), std::mem::take(&mut self.names))
     }
 }
@@ -156,6 +173,12 @@ impl Drop for Plumbed {
     /// Puts the namespace back as it was (the taps go with their
     /// descriptors). Best effort.
     fn drop(&mut self) {
+        if self.nft {
+            let _ = apply_nft(&format!(
+                "table inet {0}\ndelete table inet {0}\n",
+                crate::egress::NFT_TABLE
+            ));
+        }
         if self.restore.is_empty() {
             return;
         }
@@ -171,7 +194,10 @@ impl Drop for Plumbed {
 
 /// Reads the namespace the calling thread is in and plumbs a NIC for the
 /// guest per interface. `resolv_conf` is the container's resolver file.
-pub fn plumb(resolv_conf: Option<&str>) -> Result<Plumbed, NetError> {
+///
+/// With `relay_dns` false (an egress policy is in force) no DNS relay is
+/// set up: names are not resolved through the namespace.
+pub fn plumb(resolv_conf: Option<&str>, relay_dns: bool) -> Result<Plumbed, NetError> {
     let mut nl = Netlink::open()?;
     let links = nl.links()?;
     let addrs = nl.addresses()?;
@@ -319,6 +345,7 @@ pub fn plumb(resolv_conf: Option<&str>) -> Result<Plumbed, NetError> {
     }
 
     let loopback_resolvers: Vec<IpAddr> = resolv_conf
+        .filter(|_| relay_dns)
         .map(nameservers)
         .unwrap_or_default()
         .into_iter()
@@ -360,6 +387,39 @@ pub fn plumb(resolv_conf: Option<&str>) -> Result<Plumbed, NetError> {
         });
     }
     Ok(out)
+}
+
+/// Where Debian installs nft; PATH is the fallback.
+const NFT: &str = "/usr/sbin/nft";
+
+/// Loads an nftables ruleset (`nft -f -`) into the calling thread's
+/// network namespace.
+pub fn apply_nft(ruleset: &str) -> Result<(), NetError> {
+    let nft = if Path::new(NFT).exists() { NFT } else { "nft" };
+    let mut child = std::process::Command::new(nft)
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| NetError::Nft(format!("run {nft}: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        use std::io::Write;
+        stdin
+            .write_all(ruleset.as_bytes())
+            .map_err(|e| NetError::Nft(format!("write to {nft}: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| NetError::Nft(format!("wait for {nft}: {e}")))?;
+    if !out.status.success() {
+        return Err(NetError::Nft(
+            String::from_utf8_lossy(&out.stderr)
+                .trim()
+                .replace('\n', "; "),
+        ));
+    }
+    Ok(())
 }
 
 /// The `nameserver` addresses of a resolv.conf.

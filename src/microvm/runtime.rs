@@ -37,6 +37,7 @@ impl tier::Tier for Tier {
                 pid_file: req.pid_file,
                 log: ctx.log.as_deref(),
                 log_json: ctx.log_json,
+                egress: req.egress,
             },
         )?;
         Ok(())

@@ -54,6 +54,13 @@ pub struct VmState {
     pub netns: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub net_restore: Vec<super::net::Restore>,
+    /// The egress policy in force (`egress::Policy` as text).
+    #[serde(default = "allow")]
+    pub egress: String,
+}
+
+fn allow() -> String {
+    "allow".into()
 }
 
 impl VmState {

@@ -51,6 +51,8 @@ pub enum SupervisorError {
     #[error(transparent)]
     Net(#[from] super::net::NetError),
     #[error(transparent)]
+    Egress(#[from] crate::egress::PolicyError),
+    #[error(transparent)]
     Initramfs(#[from] super::initramfs::InitramfsError),
     #[error(transparent)]
     State(#[from] crate::state::StateError),
@@ -173,9 +175,17 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     serve::run_hooks(&spec, &state, &["prestart", "createRuntime"])
         .map_err(SupervisorError::Hook)?;
     // The hooks have put Docker's or CNI's interfaces in the namespace.
-    let plumbed = super::net::plumb(super::net::resolv_conf(&spec, &state.rootfs).as_deref())?;
+    let egress: crate::egress::Policy = state.egress.parse()?;
+    let mut plumbed = super::net::plumb(
+        super::net::resolv_conf(&spec, &state.rootfs).as_deref(),
+        egress.is_allow(),
+    )?;
     for w in &plumbed.warnings {
         tracing::warn!("container {}: {w}", state.id);
+    }
+    // Before the guest exists, so its first packet meets them.
+    if let Some(rules) = crate::egress::ruleset(&egress, super::net::TAP_PREFIX, None) {
+        plumbed.install_egress(&rules)?;
     }
 
     let plan = super::spec::plan(&spec, &state.bundle, &state.rootfs, &args.config)?;

@@ -1,0 +1,669 @@
+//! The egress policy: where a sandbox may connect.
+//!
+//! Set by the global flag `--egress RULES`, the annotation
+//! [`EGRESS_ANNOTATION`] and `[egress] policy` in the config file, in that
+//! order of precedence; a config with `locked = true` lets the flag and the
+//! annotation only narrow its policy. Values: `allow` (the default), `deny`,
+//! or a comma-separated allowlist whose items are
+//!
+//! ```text
+//!   CIDR[:PORT][/udp]        10.1.0.0/16, 192.0.2.7:53/udp (a bare address is /32 or /128)
+//!   [IPV6][:PORT][/udp]      [2001:db8::1]:443, 2001:db8::/32
+//!   NAME[:PORT][/udp]        pypi.org:443
+//!   *.NAME[:PORT][/udp]      *.githubusercontent.com:443
+//! ```
+//!
+//! An item allows TCP (UDP with `/udp`) to its destination, on every port
+//! when it names none. Everything else the sandbox starts is refused; replies
+//! to allowed connections pass. A malformed policy is an error naming the
+//! rule.
+//!
+//! Enforcement lives outside the workload: for the microvm tier, nftables
+//! rules in the container's network namespace on the host side of the
+//! guest's NIC ([`ruleset`]).
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+/// OCI annotation carrying a container's policy.
+pub const EGRESS_ANNOTATION: &str = "io.agentvm.egress";
+/// The nftables table agentvm owns in a container's network namespace.
+pub const NFT_TABLE: &str = "agentvm";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("egress rule {rule:?}: {why}")]
+    BadRule { rule: String, why: String },
+    #[error("egress policy is empty: use \"allow\", \"deny\" or a list of rules")]
+    Empty,
+    #[error(
+        "egress policy {requested:?} ({source_name}) is wider than the policy the config file \
+         locks ({locked:?}): it may only narrow it{detail}"
+    )]
+    Wider {
+        requested: String,
+        source_name: &'static str,
+        locked: String,
+        detail: String,
+    },
+    #[error("egress rule {rule:?}: {what} is not implemented yet")]
+    Unsupported { rule: String, what: &'static str },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        }
+    }
+}
+
+/// Where a rule lets the sandbox connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// An address block; the address has no bits beyond `prefix`.
+    Net { addr: IpAddr, prefix: u8 },
+    /// Exactly this name (lowercase, no trailing dot).
+    Name(String),
+    /// Any name below this one (`*.example.com` → `example.com`), not the
+    /// name itself.
+    Below(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub target: Target,
+    pub port: Option<u16>,
+    pub proto: Proto,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Policy {
+    #[default]
+    Allow,
+    Deny,
+    List(Vec<Rule>),
+}
+
+/// Where the policy in force came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicySource {
+    Flag,
+    Annotation,
+    ConfigFile,
+    Default,
+}
+
+impl PolicySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicySource::Flag => "--egress flag",
+            PolicySource::Annotation => "annotation io.agentvm.egress",
+            PolicySource::ConfigFile => "config file",
+            PolicySource::Default => "default",
+        }
+    }
+}
+
+fn bad(rule: &str, why: impl Into<String>) -> PolicyError {
+    PolicyError::BadRule {
+        rule: rule.to_string(),
+        why: why.into(),
+    }
+}
+
+fn parse_port(rule: &str, p: &str) -> Result<u16, PolicyError> {
+    match p.parse::<u16>() {
+        Ok(0) | Err(_) => Err(bad(rule, format!("port {p:?} is not 1-65535"))),
+        Ok(n) => Ok(n),
+    }
+}
+
+/// `addr` with the bits beyond `prefix` cleared.
+fn mask(addr: IpAddr, prefix: u8) -> IpAddr {
+    match addr {
+        IpAddr::V4(a) => {
+            let m = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V4((u32::from(a) & m).into())
+        }
+        IpAddr::V6(a) => {
+            let m = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V6((u128::from(a) & m).into())
+        }
+    }
+}
+
+/// `addr` if it has no bits beyond `prefix`.
+fn network(addr: IpAddr, prefix: u8) -> Option<IpAddr> {
+    (mask(addr, prefix) == addr).then_some(addr)
+}
+
+fn parse_net(rule: &str, text: &str) -> Result<Option<Target>, PolicyError> {
+    let (addr, prefix) = match text.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (text, None),
+    };
+    let Ok(addr) = addr.parse::<IpAddr>() else {
+        return Ok(None);
+    };
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let prefix = match prefix {
+        None => max,
+        Some(p) => match p.parse::<u8>() {
+            Ok(n) if n <= max => n,
+            _ => return Err(bad(rule, format!("prefix /{p} is not 0-{max}"))),
+        },
+    };
+    let addr = network(addr, prefix).ok_or_else(|| {
+        bad(
+            rule,
+            format!("{addr} has bits set beyond /{prefix} (write the network address)"),
+        )
+    })?;
+    Ok(Some(Target::Net { addr, prefix }))
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+impl FromStr for Rule {
+    type Err = PolicyError;
+
+    fn from_str(item: &str) -> Result<Rule, PolicyError> {
+        let rule = item;
+        let (body, proto) = match item.strip_suffix("/udp") {
+            Some(b) => (b, Proto::Udp),
+            None => match item.strip_suffix("/tcp") {
+                Some(b) => (b, Proto::Tcp),
+                None => (item, Proto::Tcp),
+            },
+        };
+        if body.is_empty() {
+            return Err(bad(rule, "no destination"));
+        }
+        // [v6]:port or [v6/len]:port
+        if let Some(rest) = body.strip_prefix('[') {
+            let (inner, after) = rest
+                .split_once(']')
+                .ok_or_else(|| bad(rule, "unclosed '['"))?;
+            let port = match after {
+                "" => None,
+                p => Some(parse_port(
+                    rule,
+                    p.strip_prefix(':')
+                        .ok_or_else(|| bad(rule, "expected ':PORT' after ']'"))?,
+                )?),
+            };
+            let target = parse_net(rule, inner)?
+                .filter(|t| matches!(t, Target::Net { addr, .. } if addr.is_ipv6()))
+                .ok_or_else(|| bad(rule, format!("{inner:?} is not an IPv6 address")))?;
+            return Ok(Rule {
+                target,
+                port,
+                proto,
+            });
+        }
+        // A bare IPv6 address or block (colons, no port).
+        if body.matches(':').count() > 1 {
+            let target = parse_net(rule, body)?.ok_or_else(|| {
+                bad(
+                    rule,
+                    "not an address; an IPv6 address with a port is written [ADDR]:PORT",
+                )
+            })?;
+            return Ok(Rule {
+                target,
+                port: None,
+                proto,
+            });
+        }
+        let (dest, port) = match body.rsplit_once(':') {
+            Some((d, p)) => (d, Some(parse_port(rule, p)?)),
+            None => (body, None),
+        };
+        if let Some(target) = parse_net(rule, dest)? {
+            return Ok(Rule {
+                target,
+                port,
+                proto,
+            });
+        }
+        let lower = dest.trim_end_matches('.').to_ascii_lowercase();
+        let target = match lower.strip_prefix("*.") {
+            Some(below) if valid_name(below) => Target::Below(below.to_string()),
+            Some(_) => return Err(bad(rule, "not a valid name after '*.'")),
+            None if lower.contains('*') => {
+                return Err(bad(rule, "'*' is only allowed as a leading '*.'"))
+            }
+            None if lower.contains('/') => return Err(bad(rule, "not an address block")),
+            None if valid_name(&lower) => Target::Name(lower),
+            None => return Err(bad(rule, "not an address, address block or host name")),
+        };
+        Ok(Rule {
+            target,
+            port,
+            proto,
+        })
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let full = |addr: &IpAddr, prefix: u8| prefix == if addr.is_ipv4() { 32 } else { 128 };
+        match (&self.target, self.port) {
+            (Target::Net { addr, prefix }, None) if full(addr, *prefix) => write!(f, "{addr}")?,
+            (Target::Net { addr, prefix }, None) => write!(f, "{addr}/{prefix}")?,
+            (Target::Net { addr, prefix }, Some(p)) => match (addr, full(addr, *prefix)) {
+                (IpAddr::V6(_), true) => write!(f, "[{addr}]:{p}")?,
+                (IpAddr::V6(_), false) => write!(f, "[{addr}/{prefix}]:{p}")?,
+                (_, true) => write!(f, "{addr}:{p}")?,
+                (_, false) => write!(f, "{addr}/{prefix}:{p}")?,
+            },
+            (Target::Name(n), None) => write!(f, "{n}")?,
+            (Target::Name(n), Some(p)) => write!(f, "{n}:{p}")?,
+            (Target::Below(n), None) => write!(f, "*.{n}")?,
+            (Target::Below(n), Some(p)) => write!(f, "*.{n}:{p}")?,
+        }
+        if self.proto == Proto::Udp {
+            f.write_str("/udp")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Policy {
+    type Err = PolicyError;
+
+    fn from_str(text: &str) -> Result<Policy, PolicyError> {
+        let text = text.trim();
+        match text {
+            "" => Err(PolicyError::Empty),
+            "allow" => Ok(Policy::Allow),
+            "deny" => Ok(Policy::Deny),
+            list => {
+                let mut rules = Vec::new();
+                for item in list.split(',') {
+                    let item = item.trim();
+                    if item.is_empty() {
+                        return Err(bad(list, "an empty item between commas"));
+                    }
+                    if item == "allow" || item == "deny" {
+                        return Err(bad(item, "allow and deny stand alone, not in a list"));
+                    }
+                    rules.push(item.parse::<Rule>()?);
+                }
+                Ok(Policy::List(rules))
+            }
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Policy::Allow => f.write_str("allow"),
+            Policy::Deny => f.write_str("deny"),
+            Policy::List(rules) => {
+                let items: Vec<String> = rules.iter().map(Rule::to_string).collect();
+                f.write_str(&items.join(","))
+            }
+        }
+    }
+}
+
+fn net_within(inner: (&IpAddr, u8), outer: (&IpAddr, u8)) -> bool {
+    inner.0.is_ipv4() == outer.0.is_ipv4()
+        && inner.1 >= outer.1
+        && mask(*inner.0, outer.1) == *outer.0
+}
+
+fn name_below(name: &str, parent: &str) -> bool {
+    name.len() > parent.len() + 1
+        && name.ends_with(parent)
+        && name.as_bytes()[name.len() - parent.len() - 1] == b'.'
+}
+
+impl Rule {
+    /// Whether everything this rule allows, `outer` allows too.
+    pub fn within(&self, outer: &Rule) -> bool {
+        if self.proto != outer.proto {
+            return false;
+        }
+        let ports = match (self.port, outer.port) {
+            (_, None) => true,
+            (Some(a), Some(b)) => a == b,
+            (None, Some(_)) => false,
+        };
+        let targets = match (&self.target, &outer.target) {
+            (Target::Net { addr: a, prefix: p }, Target::Net { addr: b, prefix: q }) => {
+                net_within((a, *p), (b, *q))
+            }
+            (Target::Name(a), Target::Name(b)) => a == b,
+            (Target::Name(a), Target::Below(b)) => name_below(a, b),
+            (Target::Below(a), Target::Below(b)) => a == b || name_below(a, b),
+            _ => false,
+        };
+        ports && targets
+    }
+}
+
+impl Policy {
+    /// `requested` if it allows nothing `self` (a locked policy) does not;
+    /// else an error naming what it would add.
+    pub fn narrow(&self, requested: Policy, source: PolicySource) -> Result<Policy, PolicyError> {
+        let wider = |detail: String| PolicyError::Wider {
+            requested: requested.to_string(),
+            source_name: source.as_str(),
+            locked: self.to_string(),
+            detail,
+        };
+        match (self, &requested) {
+            (Policy::Allow, _) | (_, Policy::Deny) => Ok(requested),
+            (_, Policy::Allow) => Err(wider(String::new())),
+            (Policy::Deny, Policy::List(_)) => Err(wider(String::new())),
+            (Policy::List(locked), Policy::List(rules)) => {
+                for r in rules {
+                    if !locked.iter().any(|l| r.within(l)) {
+                        return Err(wider(format!(": {r} is not within it")));
+                    }
+                }
+                Ok(requested)
+            }
+        }
+    }
+
+    /// The policy in force: flag, else annotation, else config file; a
+    /// locked config file's policy can only be narrowed.
+    pub fn select(
+        flag: Option<&str>,
+        annotation: Option<&str>,
+        config: Option<&str>,
+        locked: bool,
+    ) -> Result<(Policy, PolicySource), PolicyError> {
+        let base = match config {
+            Some(text) => Some(text.parse::<Policy>()?),
+            None => None,
+        };
+        let requested = match (flag, annotation) {
+            (Some(f), _) => Some((f.parse::<Policy>()?, PolicySource::Flag)),
+            (None, Some(a)) => Some((a.parse::<Policy>()?, PolicySource::Annotation)),
+            (None, None) => None,
+        };
+        match (base, requested) {
+            (Some(base), Some((req, src))) if locked => Ok((base.narrow(req, src)?, src)),
+            (_, Some((req, src))) => Ok((req, src)),
+            (Some(base), None) => Ok((base, PolicySource::ConfigFile)),
+            (None, None) => Ok((Policy::Allow, PolicySource::Default)),
+        }
+    }
+
+    /// Refuses what is parsed but not enforced yet, naming it.
+    pub fn check_supported(&self) -> Result<(), PolicyError> {
+        if let Policy::List(rules) = self {
+            if let Some(r) = rules
+                .iter()
+                .find(|r| !matches!(r.target, Target::Net { .. }))
+            {
+                return Err(PolicyError::Unsupported {
+                    rule: r.to_string(),
+                    what: "allowing a destination by name (the policy's DNS resolver and proxy)",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_allow(&self) -> bool {
+        matches!(self, Policy::Allow)
+    }
+}
+
+/// The nftables ruleset (for `nft -f -`) that enforces `policy` on what
+/// enters the namespace from the guest's taps (`tap_prefix*`): forwarded
+/// traffic is checked against the allowlist; traffic to the namespace
+/// itself (the DNS relay at `dns_relay`) is allowed only there. Replies to
+/// connections made from outside pass. `None` for `allow`.
+pub fn ruleset(policy: &Policy, tap_prefix: &str, dns_relay: Option<IpAddr>) -> Option<String> {
+    let rules = match policy {
+        Policy::Allow => return None,
+        Policy::Deny => &[][..],
+        Policy::List(rules) => rules.as_slice(),
+    };
+    let mut allow = String::new();
+    for r in rules {
+        let Target::Net { addr, prefix } = &r.target else {
+            continue;
+        };
+        let family = if addr.is_ipv4() { "ip" } else { "ip6" };
+        let port = r
+            .port
+            .map(|p| format!(" {} dport {p}", r.proto.as_str()))
+            .unwrap_or_else(|| format!(" meta l4proto {}", r.proto.as_str()));
+        allow +=
+            &format!("    {family} daddr {addr}/{prefix}{port} counter accept comment \"{r}\"\n");
+    }
+    let relay = dns_relay
+        .map(|ip| {
+            let family = if ip.is_ipv4() { "ip" } else { "ip6" };
+            format!("    {family} daddr {ip} udp dport 53 accept\n")
+        })
+        .unwrap_or_default();
+    Some(format!(
+        "table inet {NFT_TABLE}\n\
+         delete table inet {NFT_TABLE}\n\
+         table inet {NFT_TABLE} {{\n\
+         \x20 chain forward {{\n\
+         \x20   type filter hook forward priority filter - 10; policy accept;\n\
+         \x20   iifname \"{tap_prefix}*\" jump egress\n\
+         \x20 }}\n\
+         \x20 chain egress {{\n\
+         \x20   ct state established,related accept\n\
+         {allow}\
+         \x20   counter name denied\n\
+         \x20   meta l4proto tcp reject with tcp reset\n\
+         \x20   reject with icmpx admin-prohibited\n\
+         \x20 }}\n\
+         \x20 chain input {{\n\
+         \x20   type filter hook input priority filter - 10; policy accept;\n\
+         \x20   iifname \"{tap_prefix}*\" jump from_guest\n\
+         \x20 }}\n\
+         \x20 chain from_guest {{\n\
+         \x20   ct state established,related accept\n\
+         \x20   meta l4proto {{ icmp, ipv6-icmp }} accept\n\
+         {relay}\
+         \x20   counter name denied\n\
+         \x20   drop\n\
+         \x20 }}\n\
+         \x20 counter denied {{ }}\n\
+         }}\n"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Policy {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn parses_the_documented_forms() {
+        assert_eq!(p("allow"), Policy::Allow);
+        assert_eq!(p(" deny "), Policy::Deny);
+        let text = "pypi.org:443,*.githubusercontent.com:443,10.1.0.0/16,192.0.2.7:53/udp,\
+                    [2001:db8::1]:443,2001:db8::/32,198.51.100.1";
+        let Policy::List(rules) = p(text) else {
+            panic!("a list")
+        };
+        assert_eq!(rules.len(), 7);
+        assert_eq!(rules[0].target, Target::Name("pypi.org".into()));
+        assert_eq!(rules[0].port, Some(443));
+        assert_eq!(
+            rules[1].target,
+            Target::Below("githubusercontent.com".into())
+        );
+        assert_eq!(
+            rules[2].target,
+            Target::Net {
+                addr: "10.1.0.0".parse().unwrap(),
+                prefix: 16
+            }
+        );
+        assert_eq!(rules[2].port, None);
+        assert_eq!((rules[3].port, rules[3].proto), (Some(53), Proto::Udp));
+        assert_eq!(
+            rules[4].target,
+            Target::Net {
+                addr: "2001:db8::1".parse().unwrap(),
+                prefix: 128
+            }
+        );
+        assert_eq!(rules[6].to_string(), "198.51.100.1");
+        // Display round-trips.
+        assert_eq!(p(&p(text).to_string()), p(text));
+        assert_eq!(p("PyPI.org.").to_string(), "pypi.org");
+    }
+
+    #[test]
+    fn malformed_rules_are_named() {
+        for (bad, needle) in [
+            ("", "empty"),
+            ("a,,b", "empty item"),
+            ("10.0.0.0/33", "prefix"),
+            ("10.0.0.1/8", "bits set"),
+            ("10.0.0.1:0", "port"),
+            ("10.0.0.1:70000", "port"),
+            ("host:http", "port"),
+            ("2001:db8::1:99999", "not an address"),
+            ("[2001:db8::1", "unclosed"),
+            ("[10.0.0.1]:80", "not an IPv6"),
+            ("[2001:db8::1]443", "':PORT'"),
+            ("foo*.com", "'*'"),
+            ("*.", "'*.'"),
+            ("exa mple.com", "not an address"),
+            ("-bad.com", "not an address"),
+            ("allow,10.0.0.1", "stand alone"),
+            ("/udp", "no destination"),
+        ] {
+            let err = bad.parse::<Policy>().unwrap_err().to_string();
+            assert!(err.contains(needle), "{bad:?}: {err}");
+            if !bad.is_empty() && bad != "a,,b" {
+                assert!(err.contains("egress rule"), "{bad:?}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn narrowing_a_locked_policy() {
+        let locked = p("10.0.0.0/8,*.example.com:443,pypi.org:443");
+        let src = PolicySource::Flag;
+        assert!(locked.narrow(p("10.1.0.0/16:80"), src).is_ok());
+        assert!(locked.narrow(p("a.example.com:443"), src).is_ok());
+        assert!(locked.narrow(p("*.b.example.com:443"), src).is_ok());
+        assert!(locked.narrow(p("deny"), src).is_ok());
+        let err = locked.narrow(p("allow"), src).unwrap_err().to_string();
+        assert!(err.contains("wider"), "{err}");
+        let err = locked
+            .narrow(p("10.0.0.0/8,11.0.0.1"), src)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("11.0.0.1 is not within"), "{err}");
+        assert!(locked.narrow(p("example.com:443"), src).is_err());
+        assert!(locked.narrow(p("pypi.org"), src).is_err(), "any port");
+        assert!(locked.narrow(p("10.0.0.1/udp"), src).is_err(), "udp");
+        assert!(p("deny").narrow(p("10.0.0.1"), src).is_err());
+        assert!(p("allow").narrow(p("allow"), src).is_ok());
+    }
+
+    #[test]
+    fn precedence_flag_annotation_config() {
+        let sel = |f, a, c, l| Policy::select(f, a, c, l);
+        assert_eq!(
+            sel(None, None, None, false).unwrap(),
+            (Policy::Allow, PolicySource::Default)
+        );
+        assert_eq!(
+            sel(None, None, Some("deny"), false).unwrap(),
+            (Policy::Deny, PolicySource::ConfigFile)
+        );
+        assert_eq!(
+            sel(None, Some("10.0.0.1"), Some("deny"), false).unwrap().1,
+            PolicySource::Annotation
+        );
+        assert_eq!(
+            sel(Some("allow"), Some("deny"), Some("deny"), false)
+                .unwrap()
+                .1,
+            PolicySource::Flag
+        );
+        // Locked: the flag may not widen the file's policy.
+        assert!(sel(Some("allow"), None, Some("deny"), true).is_err());
+        assert!(sel(None, Some("10.0.0.1"), Some("deny"), true).is_err());
+        assert_eq!(
+            sel(Some("10.0.0.1:443"), None, Some("10.0.0.0/8"), true)
+                .unwrap()
+                .0,
+            p("10.0.0.1:443")
+        );
+        // A bad value is an error wherever it comes from.
+        assert!(sel(Some("nope:x"), None, None, false).is_err());
+        assert!(sel(None, None, Some("10.0.0.1/99"), false).is_err());
+    }
+
+    #[test]
+    fn names_are_refused_until_enforced() {
+        assert!(p("10.0.0.0/8,deny.example:1").check_supported().is_err());
+        assert!(p("10.0.0.0/8").check_supported().is_ok());
+        assert!(p("deny").check_supported().is_ok());
+    }
+
+    #[test]
+    fn ruleset_lists_the_allowed_destinations() {
+        assert!(ruleset(&Policy::Allow, "avtap", None).is_none());
+        let r = ruleset(
+            &p("10.1.0.0/16,192.0.2.7:53/udp,[2001:db8::1]:443"),
+            "avtap",
+            Some("169.254.53.53".parse().unwrap()),
+        )
+        .unwrap();
+        assert!(
+            r.contains("ip daddr 10.1.0.0/16 meta l4proto tcp counter accept"),
+            "{r}"
+        );
+        assert!(
+            r.contains("ip daddr 192.0.2.7/32 udp dport 53 counter accept"),
+            "{r}"
+        );
+        assert!(
+            r.contains("ip6 daddr 2001:db8::1/128 tcp dport 443 counter accept"),
+            "{r}"
+        );
+        assert!(
+            r.contains("ip daddr 169.254.53.53 udp dport 53 accept"),
+            "{r}"
+        );
+        assert!(r.contains("iifname \"avtap*\" jump egress"), "{r}");
+        let deny = ruleset(&Policy::Deny, "avtap", None).unwrap();
+        assert!(!deny.contains("daddr"), "{deny}");
+    }
+}
