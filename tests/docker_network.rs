@@ -298,3 +298,53 @@ fn network_host_is_refused_by_the_microvm_tier() {
         "the error names the cause:\n{out}"
     );
 }
+
+/// `--egress deny` through Docker's `runtimeArgs` (an `agentvm-offline`
+/// runtime): nothing leaves the sandbox, while its published port still
+/// serves (replies to connections from outside pass).
+#[test]
+fn an_offline_runtime_serves_its_port_but_reaches_nothing() {
+    let base = require!(docker());
+    if let Some(why) = common::guest::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let gateway = base.bridge_gateway();
+    let listener = TcpListener::bind((gateway.as_str(), 0)).expect("listen on the bridge");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.0 200 OK\r\n\r\nfrom-the-host\n");
+        }
+    });
+    let url = format!("http://{gateway}:{port}/");
+    let online = docker_with(Runtime::AgentvmDefault).expect("docker");
+    let out = online.run_rm(&[], &["wget", "-q", "-O", "-", &url]).ok();
+    assert_eq!(out.out(), "from-the-host");
+
+    let offline = Docker {
+        runtime: Runtime::Peer("agentvm-offline".into()),
+    };
+    let out = offline.run_rm(&[], &["wget", "-q", "-O", "-", &url]);
+    assert!(
+        !out.success(),
+        "the offline sandbox reached the host: {out}"
+    );
+
+    let c = offline.start("offline", &["-p", "127.0.0.1::80"], &["sh", "-c", HTTPD]);
+    c.wait_for_log("serving");
+    let hport = c.inspect("{{(index (index .NetworkSettings.Ports \"80/tcp\") 0).HostPort}}");
+    let addr = format!("127.0.0.1:{hport}");
+    let body = wait_for(30, || {
+        http_get(&addr, "/index.html")
+            .ok()
+            .filter(|b| !b.is_empty())
+    });
+    assert_eq!(
+        body.as_deref().map(String::from_utf8_lossy).as_deref(),
+        Some("hello-from-the-container\n"),
+        "the published port of an offline sandbox serves"
+    );
+}

@@ -102,6 +102,11 @@ fn daemon_config() -> String {
     let mut runtimes = serde_json::json!({
         "agentvm-container": { "path": bin, "runtimeArgs": ["--isolation=container"] },
         "agentvm": { "path": bin, "runtimeArgs": ["--config", microvm_config()] },
+        // What an operator registers for sandboxes with no way out.
+        "agentvm-offline": {
+            "path": bin,
+            "runtimeArgs": ["--config", microvm_config(), "--egress", "deny"]
+        },
     });
     if let Some(crun) = find_in_path("crun") {
         runtimes["crun"] = serde_json::json!({ "path": crun });
