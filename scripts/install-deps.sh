@@ -9,7 +9,7 @@ PACKAGES=(
   # the peers and clients the tests drive
   runc crun docker.io containerd podman
   # images and test tools
-  busybox-static iproute2 iptables nftables socat jq procps util-linux psmisc
+  busybox-static iproute2 iptables nftables dnsmasq-base socat jq procps util-linux psmisc
   # the microvm tier: QEMU, and what virtiofsd builds against
   qemu-system-x86 libcap-ng-dev cpio e2fsprogs
   # the guest kernel (kernels/build.sh)

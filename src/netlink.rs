@@ -21,6 +21,7 @@ use netlink_packet_route::neighbour::{
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
+use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
@@ -299,6 +300,8 @@ impl Netlink {
         msg.header.address_family = family_of(route.dst);
         msg.header.destination_prefix_length = route.prefix;
         msg.header.table = route.table;
+        msg.attributes
+            .push(RouteAttribute::Table(u32::from(route.table)));
         msg.header.kind = match route.kind {
             RouteKind::Local => RouteType::Local,
             _ => RouteType::Unicast,
@@ -350,6 +353,49 @@ impl Netlink {
         self.request(
             "delete a route",
             RouteNetlinkMessage::DelRoute(msg),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
+    fn rule_message(v6: bool, fwmark: u32, table: u32, priority: u32) -> RuleMessage {
+        let mut msg = RuleMessage::default();
+        msg.header.family = if v6 {
+            AddressFamily::Inet6
+        } else {
+            AddressFamily::Inet
+        };
+        msg.header.action = RuleAction::ToTable;
+        msg.header.table = u8::try_from(table).unwrap_or(0);
+        msg.attributes.push(RuleAttribute::Table(table));
+        msg.attributes.push(RuleAttribute::FwMark(fwmark));
+        msg.attributes.push(RuleAttribute::FwMask(u32::MAX));
+        msg.attributes.push(RuleAttribute::Priority(priority));
+        msg
+    }
+
+    /// A policy routing rule: packets marked `fwmark` look up `table`.
+    pub fn add_rule(&mut self, v6: bool, fwmark: u32, table: u32, priority: u32) -> Result<()> {
+        let msg = Self::rule_message(v6, fwmark, table, priority);
+        self.request(
+            "add a routing rule",
+            RouteNetlinkMessage::NewRule(msg),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )
+        .or_else(|e| match &e {
+            NetlinkError::Kernel { source, .. } if source.raw_os_error() == Some(libc::EEXIST) => {
+                Ok(Vec::new())
+            }
+            _ => Err(e),
+        })?;
+        Ok(())
+    }
+
+    pub fn del_rule(&mut self, v6: bool, fwmark: u32, table: u32, priority: u32) -> Result<()> {
+        let msg = Self::rule_message(v6, fwmark, table, priority);
+        self.request(
+            "delete a routing rule",
+            RouteNetlinkMessage::DelRule(msg),
             NLM_F_ACK,
         )?;
         Ok(())

@@ -113,9 +113,10 @@ impl Netns {
             .filter_map(|l| l.split(':').nth(1).map(|n| n.trim().to_string()))
             .collect();
         format!(
-            "links {links:?}\n{}{}",
+            "links {links:?}\n{}{}{}",
             ip_out(&["-n", &self.container, "-4", "route", "show", "table", "all"]),
-            ip_out(&["-n", &self.container, "neigh", "show", "proxy"])
+            ip_out(&["-n", &self.container, "neigh", "show", "proxy"]),
+            ip_out(&["-n", &self.container, "-4", "rule", "show"])
         )
     }
 
@@ -435,11 +436,12 @@ fn a_bad_or_unsupported_policy_is_refused_and_leaves_nothing() {
         return;
     }
     let f = require!(microvm_in());
-    write_script(&f, &Netns::new("bad"), "true");
+    let ns = Netns::new("bad");
+    write_script(&f, &ns, "true");
     for (policy, needle) in [
         ("10.0.0.1/8", "bits set beyond /8"),
         ("10.0.0.1:99999", "port"),
-        ("example.com:443", "not implemented yet"),
+        ("foo*.example.com:443", "'*'"),
         ("", "empty"),
     ] {
         let out = f.agentvm(&[
@@ -465,4 +467,109 @@ fn a_bad_or_unsupported_policy_is_refused_and_leaves_nothing() {
     ]);
     common::bundle::assert_one_clear_error(&c, &out, "not supported by the container tier");
     assert_nothing_left(&c, "ct-bad");
+}
+
+/// dnsmasq in the peer namespace answering `names` with the peer's
+/// address; killed on drop.
+struct PeerDns(std::process::Child);
+
+impl PeerDns {
+    fn start(ns: &Netns, names: &[&str]) -> Result<PeerDns, String> {
+        let dnsmasq = ["/usr/sbin/dnsmasq", "/usr/bin/dnsmasq"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .ok_or("no dnsmasq (apt-get install dnsmasq-base)")?;
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &ns.peer,
+            dnsmasq,
+            "--no-daemon",
+            "--no-resolv",
+        ])
+        .args(["--no-hosts", "--bind-interfaces", "--pid-file="])
+        .arg(format!("--listen-address={PEER}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+        for n in names {
+            cmd.arg(format!("--address=/{n}/{PEER}"));
+        }
+        let child = cmd.spawn().map_err(|e| format!("start dnsmasq: {e}"))?;
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        Ok(PeerDns(child))
+    }
+}
+
+impl Drop for PeerDns {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Names in the policy are enforced by agentvm's resolver: only allowed
+/// names resolve, whichever server the guest asks, and only the addresses
+/// they resolved to are reachable, on the allowed port.
+#[test]
+fn allowed_names_resolve_and_connect_and_nothing_else_does() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
+    let f = require!(microvm_in());
+    let ns = Netns::new("names");
+    let _dns = require!(PeerDns::start(&ns, &["allowed.test", "denied.test"]));
+    let _a = PeerServer::start(&ns, 8000, "a");
+    let _b = PeerServer::start(&ns, 8001, "b");
+    let before = ns.snapshot();
+    let resolv = f.dir.path().join("resolv.conf");
+    std::fs::write(&resolv, format!("nameserver {PEER}\n")).expect("resolv.conf");
+    write_script(
+        &f,
+        &ns,
+        "t() { wget -q -O /dev/null \"$2\" && echo \"$1 ok\" || echo \"$1 refused\"; }; \
+         t name http://allowed.test:8000/; \
+         t other-port http://allowed.test:8001/; \
+         t denied-name http://denied.test:8000/; \
+         nslookup -type=a denied.test 10.231.0.1 >/dev/null 2>&1 && echo 'other-resolver ok' || echo 'other-resolver refused'; \
+         nslookup -type=a allowed.test 10.231.0.1 >/dev/null 2>&1 && echo 'allowed-lookup ok' || echo 'allowed-lookup refused'",
+    );
+    // The container's resolver, as Docker and Podman bind-mount it.
+    let text = std::fs::read_to_string(f.bundle().join("config.json")).expect("config");
+    let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
+    config["mounts"]
+        .as_array_mut()
+        .expect("mounts")
+        .push(serde_json::json!({
+            "destination": "/etc/resolv.conf", "type": "bind",
+            "source": resolv, "options": ["rbind", "ro"]
+        }));
+    std::fs::write(
+        f.bundle().join("config.json"),
+        serde_json::to_vec_pretty(&config).expect("json"),
+    )
+    .expect("write config");
+    let out = f.agentvm(&[
+        "--egress",
+        "allowed.test:8000",
+        "run",
+        "--bundle",
+        &bundle_arg(&f),
+        "mvn-names",
+    ]);
+    assert_eq!(out.code, 0, "{out}");
+    let said = |what: &str| {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{what} ")))
+            .unwrap_or("missing")
+            .to_string()
+    };
+    assert_eq!(said("name"), "ok", "{out}");
+    assert_eq!(said("other-port"), "refused", "{out}");
+    assert_eq!(said("denied-name"), "refused", "{out}");
+    assert_eq!(said("other-resolver"), "refused", "{out}");
+    assert_eq!(said("allowed-lookup"), "ok", "{out}");
+    assert_nothing_left(&f, "mvn-names");
+    assert_eq!(ns.snapshot(), before, "rules, routes and marks are gone");
 }

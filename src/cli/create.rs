@@ -60,9 +60,6 @@ pub fn create_container(
         ctx.config.egress.locked,
     )
     .with_context(|| format!("cannot create container {id}"))?;
-    egress
-        .check_supported()
-        .with_context(|| format!("cannot create container {id}"))?;
     if !egress.is_allow() {
         tracing::debug!(
             "container {id}: egress policy {egress} (from {})",

@@ -136,6 +136,18 @@ pub enum Command {
     /// (internal) the per-container supervisor of a microVM
     #[command(hide = true)]
     Supervise(SuperviseArgs),
+    /// (internal) the egress policy's resolver, beside a supervisor
+    #[command(hide = true)]
+    EgressResolver(EgressResolverArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct EgressResolverArgs {
+    #[arg(long)]
+    pub policy: String,
+    /// The container's own resolver; without one every allowed name fails.
+    #[arg(long)]
+    pub upstream: Option<std::net::SocketAddr>,
 }
 
 #[derive(Args, Debug)]
@@ -239,10 +251,25 @@ fn dispatch(global: &GlobalOpts, command: Command) -> anyhow::Result<u8> {
                 systemd_cgroup: ctx.systemd_cgroup,
             })
         }
+        Command::EgressResolver(args) => egress_resolver(args),
         Command::Spec(_) | Command::Features(_) | Command::Check(_) => {
             unreachable!("handled above")
         }
     }
+}
+
+/// `agentvm egress-resolver`: serves on the socket the supervisor passed as
+/// `RESOLVER_FD`, allowing what it resolves with nft.
+fn egress_resolver(args: EgressResolverArgs) -> anyhow::Result<u8> {
+    use std::os::fd::FromRawFd;
+    let policy: crate::egress::Policy = args.policy.parse()?;
+    // SAFETY: the supervisor passes the bound UDP socket as this
+    // descriptor, and nothing else here owns it.
+    let listener = unsafe { std::net::UdpSocket::from_raw_fd(crate::microvm::net::RESOLVER_FD) };
+    let add: std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync> =
+        std::sync::Arc::new(|elements: &str| crate::microvm::net::apply_nft(elements).is_ok());
+    crate::egress::resolver::serve(&policy, listener, args.upstream, add)?;
+    Ok(0)
 }
 
 /// The state root, the config and the global flags the tiers act on.

@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use oci_spec::runtime::Spec;
 
+use crate::egress::{LOCAL_MARK, LOCAL_RULE_PRIORITY, LOCAL_TABLE};
 use crate::netlink::{
     self, Link, Netlink, NetlinkError, Route, RouteKind, TABLE_LOCAL, TABLE_MAIN,
 };
@@ -66,17 +67,32 @@ pub struct Nic {
 /// The host-side DNS relay's sockets, in the container's namespace.
 #[derive(Debug)]
 pub struct HostDnsRelay {
+    /// Bound to [`DNS_RELAY`]:53.
     pub listener: UdpSocket,
-    pub upstream_socket: UdpSocket,
-    pub upstream: SocketAddr,
+    /// The relay's own socket towards `upstream` (relay mode only).
+    pub upstream_socket: Option<UdpSocket>,
+    /// The container's resolver, if it has one.
+    pub upstream: Option<SocketAddr>,
 }
 
 impl HostDnsRelay {
+    /// Starts the plain relay (no egress policy) on a thread.
     pub fn spawn(self) {
-        std::thread::spawn(move || {
-            crate::dns_relay::run(vec![self.listener], self.upstream_socket, self.upstream)
-        });
+        if let (Some(sock), Some(up)) = (self.upstream_socket, self.upstream) {
+            std::thread::spawn(move || crate::dns_relay::run(vec![self.listener], sock, up));
+        }
     }
+}
+
+/// How names are resolved for the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsMode {
+    /// Not through the namespace (an egress policy without names).
+    None,
+    /// A plain relay to a loopback resolver of the namespace (no policy).
+    Relay,
+    /// The egress policy's resolver, for every query (names in the policy).
+    Resolver,
 }
 
 /// What [`plumb`] set up. Dropped before [`Plumbed::keep`], it puts the
@@ -95,6 +111,22 @@ pub struct Plumbed {
     names: Vec<Restore>,
     /// The egress rules' table is installed.
     nft: bool,
+    /// Addresses the guest took over, by link index.
+    owned: Vec<(u32, IpAddr)>,
+    /// The rule keeping them local for the namespace's own connections.
+    local_rule: bool,
+}
+
+/// The route keeping `addr` local in [`LOCAL_TABLE`] for marked packets.
+fn local_route(link: u32, addr: IpAddr) -> Route {
+    Route {
+        table: LOCAL_TABLE,
+        dst: addr,
+        prefix: 32,
+        gateway: None,
+        oif: Some(link),
+        kind: RouteKind::Local,
+    }
 }
 
 /// An address the guest took over from link `link` of the namespace.
@@ -147,7 +179,9 @@ pub fn restore(netns: &Path, entries: &[Restore], egress_rules: bool) {
                 kind: RouteKind::Local,
             });
             let _ = nl.del_proxy_neighbour(link.index, e.addr);
+            let _ = nl.del_route(&local_route(link.index, e.addr));
         }
+        let _ = nl.del_rule(false, LOCAL_MARK, LOCAL_TABLE.into(), LOCAL_RULE_PRIORITY);
     })
     .join();
 }
@@ -165,6 +199,7 @@ impl Plumbed {
     pub fn keep(mut self) -> (Option<HostDnsRelay>, Vec<Restore>) {
         self.restore.clear();
         self.nft = false;
+        self.local_rule = false;
         (self.dns.take(), std::mem::take(&mut self.names))
     }
 }
@@ -173,6 +208,14 @@ impl Drop for Plumbed {
     /// Puts the namespace back as it was (the taps go with their
     /// descriptors). Best effort.
     fn drop(&mut self) {
+        if self.local_rule {
+            if let Ok(mut nl) = Netlink::open() {
+                let _ = nl.del_rule(false, LOCAL_MARK, LOCAL_TABLE.into(), LOCAL_RULE_PRIORITY);
+                for (link, addr) in &self.owned {
+                    let _ = nl.del_route(&local_route(*link, *addr));
+                }
+            }
+        }
         if self.nft {
             let _ = apply_nft(&format!(
                 "table inet {0}\ndelete table inet {0}\n",
@@ -195,9 +238,8 @@ impl Drop for Plumbed {
 /// Reads the namespace the calling thread is in and plumbs a NIC for the
 /// guest per interface. `resolv_conf` is the container's resolver file.
 ///
-/// With `relay_dns` false (an egress policy is in force) no DNS relay is
-/// set up: names are not resolved through the namespace.
-pub fn plumb(resolv_conf: Option<&str>, relay_dns: bool) -> Result<Plumbed, NetError> {
+/// `dns` says how the guest resolves names (see [`DnsMode`]).
+pub fn plumb(resolv_conf: Option<&str>, dns: DnsMode) -> Result<Plumbed, NetError> {
     let mut nl = Netlink::open()?;
     let links = nl.links()?;
     let addrs = nl.addresses()?;
@@ -320,6 +362,7 @@ pub fn plumb(resolv_conf: Option<&str>, relay_dns: bool) -> Result<Plumbed, NetE
                 kind: RouteKind::Unicast,
             })?;
             nl.add_proxy_neighbour(link.index, a.addr)?;
+            out.owned.push((link.index, a.addr));
             // The namespace never asks the guest who it is: its ARP request
             // would come from the guest's own address, which the guest
             // drops as a martian.
@@ -344,17 +387,24 @@ pub fn plumb(resolv_conf: Option<&str>, relay_dns: bool) -> Result<Plumbed, NetE
         });
     }
 
-    let loopback_resolvers: Vec<IpAddr> = resolv_conf
-        .filter(|_| relay_dns)
-        .map(nameservers)
-        .unwrap_or_default()
-        .into_iter()
+    let servers = resolv_conf.map(nameservers).unwrap_or_default();
+    let loopback_resolvers: Vec<IpAddr> = servers
+        .iter()
+        .copied()
         .filter(|ip| ip.is_ipv4() && ip.is_loopback())
         .collect();
-    if let (Some(first), Some(iface)) = (
-        loopback_resolvers.first().copied(),
-        out.guest.interfaces.first_mut(),
-    ) {
+    let upstream = match dns {
+        DnsMode::None => None,
+        DnsMode::Relay => loopback_resolvers.first().copied(),
+        // Whatever the container's first resolver is.
+        DnsMode::Resolver => Some(
+            servers
+                .first()
+                .copied()
+                .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        ),
+    };
+    if let (Some(up), Some(iface)) = (upstream, out.guest.interfaces.first_mut()) {
         let tap_index = nl
             .links()?
             .into_iter()
@@ -364,8 +414,13 @@ pub fn plumb(resolv_conf: Option<&str>, relay_dns: bool) -> Result<Plumbed, NetE
         nl.add_address(tap_index, IpAddr::V4(DNS_RELAY), 32)?;
         let listener = UdpSocket::bind(SocketAddr::new(IpAddr::V4(DNS_RELAY), 53))
             .map_err(io(format!("bind {DNS_RELAY}:53")))?;
-        let upstream_socket =
-            UdpSocket::bind(("0.0.0.0", 0)).map_err(io("bind the DNS relay's socket"))?;
+        // The relay thread runs jailed, where no socket can be opened.
+        let upstream_socket = match dns {
+            DnsMode::Relay => {
+                Some(UdpSocket::bind(("0.0.0.0", 0)).map_err(io("bind the DNS relay's socket"))?)
+            }
+            _ => None,
+        };
         iface.routes.insert(
             0,
             GuestRoute {
@@ -376,17 +431,70 @@ pub fn plumb(resolv_conf: Option<&str>, relay_dns: bool) -> Result<Plumbed, NetE
                 gateway: None,
             },
         );
-        out.guest.dns = Some(DnsRelay {
-            listen: loopback_resolvers.clone(),
-            upstream: SocketAddr::new(IpAddr::V4(DNS_RELAY), 53),
-        });
+        if dns == DnsMode::Resolver {
+            // The resolver's queries leave from the container's address:
+            // their replies are for the namespace, not the guest.
+            out.local_rule = true;
+            for (link, addr) in out.owned.clone() {
+                nl.add_route(&local_route(link, addr))?;
+            }
+            nl.add_rule(false, LOCAL_MARK, LOCAL_TABLE.into(), LOCAL_RULE_PRIORITY)?;
+        }
+        if !loopback_resolvers.is_empty() {
+            out.guest.dns = Some(DnsRelay {
+                listen: loopback_resolvers.clone(),
+                upstream: SocketAddr::new(IpAddr::V4(DNS_RELAY), 53),
+            });
+        }
         out.dns = Some(HostDnsRelay {
             listener,
             upstream_socket,
-            upstream: SocketAddr::new(first, 53),
+            upstream: (!up.is_unspecified()).then(|| SocketAddr::new(up, 53)),
         });
     }
     Ok(out)
+}
+
+/// The resolver gets its listening socket as this descriptor.
+pub const RESOLVER_FD: i32 = 3;
+
+/// Starts `agentvm egress-resolver` for `policy` on the relay's socket, in
+/// this namespace; it dies with the supervisor. Its log is `resolver.log`
+/// in `run_dir`.
+pub fn spawn_resolver(
+    policy: &str,
+    relay: HostDnsRelay,
+    run_dir: &Path,
+) -> Result<std::process::Child, NetError> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::fs::read_link("/proc/self/exe").map_err(io("find the agentvm binary"))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("egress-resolver").arg("--policy").arg(policy);
+    if let Some(up) = relay.upstream {
+        cmd.arg("--upstream").arg(up.to_string());
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(run_dir.join("resolver.log"))
+        .map_err(io("open resolver.log"))?;
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
+    let fd = relay.listener.as_raw_fd();
+    // SAFETY: between fork and exec only dup2, which is async-signal-safe;
+    // the listener stays open until spawn returns (`relay` owns it).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, RESOLVER_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    super::vmm::die_with_parent(&mut cmd);
+    super::vmm::inherit_below(&mut cmd, RESOLVER_FD as u32 + 1);
+    cmd.spawn().map_err(io("start the egress resolver"))
 }
 
 /// Where Debian installs nft; PATH is the fallback.

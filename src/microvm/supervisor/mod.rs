@@ -176,17 +176,39 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         .map_err(SupervisorError::Hook)?;
     // The hooks have put Docker's or CNI's interfaces in the namespace.
     let egress: crate::egress::Policy = state.egress.parse()?;
+    let dns_mode = if egress.is_allow() {
+        super::net::DnsMode::Relay
+    } else if egress.has_names() {
+        super::net::DnsMode::Resolver
+    } else {
+        super::net::DnsMode::None
+    };
     let mut plumbed = super::net::plumb(
         super::net::resolv_conf(&spec, &state.rootfs).as_deref(),
-        egress.is_allow(),
+        dns_mode,
     )?;
     for w in &plumbed.warnings {
         tracing::warn!("container {}: {w}", state.id);
     }
     // Before the guest exists, so its first packet meets them.
-    if let Some(rules) = crate::egress::ruleset(&egress, super::net::TAP_PREFIX, None) {
+    let relay_addr = plumbed
+        .dns
+        .as_ref()
+        .map(|_| std::net::IpAddr::V4(super::net::DNS_RELAY));
+    if let Some(rules) = crate::egress::ruleset(&egress, super::net::TAP_PREFIX, relay_addr) {
         plumbed.install_egress(&rules)?;
     }
+    // The policy's resolver runs beside the supervisor, unjailed enough
+    // to add the addresses it resolves to the rules' sets.
+    let _resolver = match (dns_mode, plumbed.dns.take()) {
+        (super::net::DnsMode::Resolver, Some(relay)) => {
+            Some(super::net::spawn_resolver(&state.egress, relay, dir)?)
+        }
+        (_, relay) => {
+            plumbed.dns = relay;
+            None
+        }
+    };
 
     let plan = super::spec::plan(&spec, &state.bundle, &state.rootfs, &args.config)?;
     for w in &plan.warnings {

@@ -26,10 +26,19 @@ use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
+pub mod resolver;
+
 /// OCI annotation carrying a container's policy.
 pub const EGRESS_ANNOTATION: &str = "io.agentvm.egress";
 /// The nftables table agentvm owns in a container's network namespace.
 pub const NFT_TABLE: &str = "agentvm";
+/// Packet and connection mark of the namespace's own connections (the
+/// resolver's), whose replies must not be routed to the guest.
+pub const LOCAL_MARK: u32 = 0x6176;
+/// The routing table that keeps the container's addresses local for
+/// packets carrying [`LOCAL_MARK`], and its rule's priority.
+pub const LOCAL_TABLE: u8 = 176;
+pub const LOCAL_RULE_PRIORITY: u32 = 176;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
@@ -336,7 +345,7 @@ fn net_within(inner: (&IpAddr, u8), outer: (&IpAddr, u8)) -> bool {
         && mask(*inner.0, outer.1) == *outer.0
 }
 
-fn name_below(name: &str, parent: &str) -> bool {
+pub(crate) fn name_below(name: &str, parent: &str) -> bool {
     name.len() > parent.len() + 1
         && name.ends_with(parent)
         && name.as_bytes()[name.len() - parent.len() - 1] == b'.'
@@ -416,20 +425,9 @@ impl Policy {
         }
     }
 
-    /// Refuses what is parsed but not enforced yet, naming it.
-    pub fn check_supported(&self) -> Result<(), PolicyError> {
-        if let Policy::List(rules) = self {
-            if let Some(r) = rules
-                .iter()
-                .find(|r| !matches!(r.target, Target::Net { .. }))
-            {
-                return Err(PolicyError::Unsupported {
-                    rule: r.to_string(),
-                    what: "allowing a destination by name (the policy's DNS resolver and proxy)",
-                });
-            }
-        }
-        Ok(())
+    /// Whether some rule names a host (enforced through the resolver).
+    pub fn has_names(&self) -> bool {
+        matches!(self, Policy::List(rules) if rules.iter().any(|r| !matches!(r.target, Target::Net { .. })))
     }
 
     pub fn is_allow(&self) -> bool {
@@ -449,18 +447,53 @@ pub fn ruleset(policy: &Policy, tap_prefix: &str, dns_relay: Option<IpAddr>) -> 
         Policy::List(rules) => rules.as_slice(),
     };
     let mut allow = String::new();
-    for r in rules {
-        let Target::Net { addr, prefix } = &r.target else {
-            continue;
-        };
-        let family = if addr.is_ipv4() { "ip" } else { "ip6" };
+    let mut sets = String::new();
+    for (i, r) in rules.iter().enumerate() {
         let port = r
             .port
             .map(|p| format!(" {} dport {p}", r.proto.as_str()))
             .unwrap_or_else(|| format!(" meta l4proto {}", r.proto.as_str()));
-        allow +=
-            &format!("    {family} daddr {addr}/{prefix}{port} counter accept comment \"{r}\"\n");
+        match &r.target {
+            Target::Net { addr, prefix } => {
+                let family = if addr.is_ipv4() { "ip" } else { "ip6" };
+                allow += &format!(
+                    "    {family} daddr {addr}/{prefix}{port} counter accept comment \"{r}\"\n"
+                );
+            }
+            // Addresses the resolver saw this rule's names resolve to.
+            Target::Name(_) | Target::Below(_) => {
+                for (family, v6, ty) in [("ip", false, "ipv4_addr"), ("ip6", true, "ipv6_addr")] {
+                    let set = resolver::set_name(i, v6);
+                    sets += &format!("  set {set} {{ type {ty}; flags timeout; }}\n");
+                    allow += &format!(
+                        "    {family} daddr @{set}{port} counter accept comment \"{r}\"\n"
+                    );
+                }
+            }
+        }
     }
+    // With names in the policy every DNS query goes to the resolver,
+    // whichever server the sandbox asks. The resolver's own queries leave
+    // from the container's address, which the namespace routes to the
+    // guest: connections the namespace itself opens are marked, and their
+    // replies are delivered locally (see `net::LOCAL_MARK`).
+    let redirect = match dns_relay {
+        Some(IpAddr::V4(relay)) if policy.has_names() => format!(
+            "  chain dns {{\n\
+             \x20   type nat hook prerouting priority dstnat; policy accept;\n\
+             \x20   iifname \"{tap_prefix}*\" meta nfproto ipv4 udp dport 53 dnat ip to {relay}:53\n\
+             \x20 }}\n\
+             \x20 chain own_out {{\n\
+             \x20   type filter hook output priority mangle; policy accept;\n\
+             \x20   ct state new ct mark set {LOCAL_MARK}\n\
+             \x20 }}\n\
+             \x20 chain own_in {{\n\
+             \x20   type filter hook prerouting priority mangle; policy accept;\n\
+             \x20   ct mark {LOCAL_MARK} meta mark set {LOCAL_MARK}\n\
+             \x20 }}\n"
+        ),
+        _ => String::new(),
+    };
     let relay = dns_relay
         .map(|ip| {
             let family = if ip.is_ipv4() { "ip" } else { "ip6" };
@@ -494,6 +527,8 @@ pub fn ruleset(policy: &Policy, tap_prefix: &str, dns_relay: Option<IpAddr>) -> 
          \x20   drop\n\
          \x20 }}\n\
          \x20 counter denied {{ }}\n\
+         {sets}\
+         {redirect}\
          }}\n"
     ))
 }
@@ -631,10 +666,33 @@ mod tests {
     }
 
     #[test]
-    fn names_are_refused_until_enforced() {
-        assert!(p("10.0.0.0/8,deny.example:1").check_supported().is_err());
-        assert!(p("10.0.0.0/8").check_supported().is_ok());
-        assert!(p("deny").check_supported().is_ok());
+    fn names_get_sets_and_dns_is_redirected() {
+        assert!(p("10.0.0.0/8,x.example:1").has_names());
+        assert!(!p("10.0.0.0/8").has_names());
+        let r = ruleset(
+            &p("10.0.0.0/8,pypi.org:443"),
+            "avtap",
+            Some("169.254.53.53".parse().unwrap()),
+        )
+        .unwrap();
+        assert!(
+            r.contains("set r1_v4 { type ipv4_addr; flags timeout; }"),
+            "{r}"
+        );
+        assert!(
+            r.contains("ip daddr @r1_v4 tcp dport 443 counter accept"),
+            "{r}"
+        );
+        assert!(
+            r.contains("ip6 daddr @r1_v6 tcp dport 443 counter accept"),
+            "{r}"
+        );
+        assert!(
+            r.contains("udp dport 53 dnat ip to 169.254.53.53:53"),
+            "{r}"
+        );
+        let no_names = ruleset(&p("10.0.0.0/8"), "avtap", None).unwrap();
+        assert!(!no_names.contains("dnat"), "{no_names}");
     }
 
     #[test]

@@ -1,0 +1,416 @@
+//! The policy's resolver: names are enforced by the runtime, not by trusting
+//! the workload. Every DNS query the sandbox sends over UDP ends here (the
+//! egress rules redirect port 53 to it); a query for a name no rule allows
+//! is answered REFUSED, one for an allowed name is forwarded to the
+//! container's own resolver, and the addresses in the answer are added to
+//! the nftables sets of the rules that allowed the name — for the answer's
+//! TTL — before the answer goes back. A connection to an address no allowed
+//! name resolved to stays refused, whatever name the workload claims for it.
+//!
+//! It runs as its own process (`agentvm egress-resolver`) in the container's
+//! network namespace, started by the supervisor before the guest boots; it
+//! keeps what it needs to add set elements, which the jailed supervisor
+//! does not have.
+//!
+//! Both the sandbox's queries and the upstream's answers are untrusted: they
+//! are parsed with hickory's decoder, bounded in size, and a malformed one is
+//! dropped.
+
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_proto::op::{Message, MessageType, ResponseCode};
+use hickory_proto::rr::RData;
+
+use super::{name_below, Policy, Rule, Target, NFT_TABLE};
+
+/// Largest datagram taken from either side.
+pub const MAX_DATAGRAM: usize = 4096;
+/// Queries forwarded at once; more are dropped (the client retries).
+pub const MAX_IN_FLIGHT: usize = 64;
+/// How long an upstream may take.
+pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bounds on how long a resolved address stays allowed.
+pub const MIN_TTL: u32 = 30;
+pub const MAX_TTL: u32 = 86_400;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResolverError {
+    #[error("egress resolver: {what}: {source}")]
+    Io {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("egress resolver: {0}")]
+    Policy(#[from] super::PolicyError),
+}
+
+/// What to do with one query.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Send these bytes back (REFUSED, FORMERR).
+    Answer(Vec<u8>),
+    /// Forward it; the indexes of the rules that allow the name.
+    Forward { name: String, rules: Vec<usize> },
+    /// Not a query we answer at all.
+    Drop,
+}
+
+/// The set holding the addresses rule `index` allows, per family.
+pub fn set_name(index: usize, v6: bool) -> String {
+    format!("r{index}_{}", if v6 { "v6" } else { "v4" })
+}
+
+/// The name of a query, lowercase without the trailing dot.
+fn query_name(msg: &Message) -> Option<String> {
+    let q = msg.queries.first()?;
+    let name = q.name.to_ascii().to_ascii_lowercase();
+    Some(name.trim_end_matches('.').to_string())
+}
+
+fn reply_code(query: &Message, code: ResponseCode) -> Vec<u8> {
+    let mut reply = Message::error_msg(query.metadata.id, query.metadata.op_code, code);
+    reply.metadata.recursion_desired = query.metadata.recursion_desired;
+    reply.metadata.recursion_available = true;
+    reply.queries = query.queries.clone();
+    reply.to_vec().unwrap_or_default()
+}
+
+/// The rules that allow `name`.
+pub fn rules_for(rules: &[Rule], name: &str) -> Vec<usize> {
+    rules
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| match &r.target {
+            Target::Name(n) => n == name,
+            Target::Below(b) => name_below(name, b),
+            Target::Net { .. } => false,
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Decides what to do with a datagram from the sandbox.
+pub fn decide(rules: &[Rule], datagram: &[u8]) -> Decision {
+    if datagram.len() > MAX_DATAGRAM {
+        return Decision::Drop;
+    }
+    let Ok(msg) = Message::from_vec(datagram) else {
+        return Decision::Drop;
+    };
+    if msg.metadata.message_type != MessageType::Query {
+        return Decision::Drop;
+    }
+    if msg.queries.len() != 1 {
+        return Decision::Answer(reply_code(&msg, ResponseCode::FormErr));
+    }
+    let Some(name) = query_name(&msg) else {
+        return Decision::Answer(reply_code(&msg, ResponseCode::FormErr));
+    };
+    let allowed = rules_for(rules, &name);
+    if allowed.is_empty() {
+        return Decision::Answer(reply_code(&msg, ResponseCode::Refused));
+    }
+    Decision::Forward {
+        name,
+        rules: allowed,
+    }
+}
+
+/// The addresses of an upstream answer to `id`, each with its TTL clamped
+/// to [`MIN_TTL`]..=[`MAX_TTL`]; `None` when it is not a well-formed
+/// answer to that query.
+pub fn answers(reply: &[u8], id: u16) -> Option<Vec<(IpAddr, u32)>> {
+    if reply.len() > MAX_DATAGRAM {
+        return None;
+    }
+    let msg = Message::from_vec(reply).ok()?;
+    if msg.metadata.id != id || msg.metadata.message_type != MessageType::Response {
+        return None;
+    }
+    Some(
+        msg.answers
+            .iter()
+            .filter_map(|r| {
+                let ip = match &r.data {
+                    RData::A(a) => IpAddr::V4(a.0),
+                    RData::AAAA(a) => IpAddr::V6(a.0),
+                    _ => return None,
+                };
+                Some((ip, r.ttl.clamp(MIN_TTL, MAX_TTL)))
+            })
+            .collect(),
+    )
+}
+
+/// The nft commands adding `addrs` to the sets of `rules`.
+pub fn set_elements(rules: &[usize], addrs: &[(IpAddr, u32)]) -> String {
+    let mut out = String::new();
+    for &i in rules {
+        for (ip, ttl) in addrs {
+            out += &format!(
+                "add element inet {NFT_TABLE} {} {{ {ip} timeout {ttl}s }}\n",
+                set_name(i, ip.is_ipv6())
+            );
+        }
+    }
+    out
+}
+
+/// The resolver's loop: queries on `listener`, answers from `upstream`.
+/// `add` installs set elements (nft in production).
+pub fn serve(
+    policy: &Policy,
+    listener: UdpSocket,
+    upstream: Option<SocketAddr>,
+    add: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+) -> Result<(), ResolverError> {
+    let rules: Arc<Vec<Rule>> = Arc::new(match policy {
+        Policy::List(r) => r.clone(),
+        _ => Vec::new(),
+    });
+    let listener = Arc::new(listener);
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    loop {
+        let (n, client) = listener
+            .recv_from(&mut buf)
+            .map_err(|source| ResolverError::Io {
+                what: "receive a query",
+                source,
+            })?;
+        let query = buf[..n].to_vec();
+        match decide(&rules, &query) {
+            Decision::Drop => {}
+            Decision::Answer(bytes) => {
+                let _ = listener.send_to(&bytes, client);
+            }
+            Decision::Forward { name, rules: which } => {
+                let Some(upstream) = upstream else {
+                    if let Ok(msg) = Message::from_vec(&query) {
+                        let _ = listener.send_to(&reply_code(&msg, ResponseCode::ServFail), client);
+                    }
+                    continue;
+                };
+                if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_IN_FLIGHT {
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    continue;
+                }
+                let (listener, in_flight, add) = (listener.clone(), in_flight.clone(), add.clone());
+                std::thread::spawn(move || {
+                    forward(&query, &name, &which, upstream, client, &listener, &*add);
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        }
+    }
+}
+
+fn forward(
+    query: &[u8],
+    name: &str,
+    rules: &[usize],
+    upstream: SocketAddr,
+    client: SocketAddr,
+    listener: &UdpSocket,
+    add: &(dyn Fn(&str) -> bool + Send + Sync),
+) {
+    let id = u16::from_be_bytes([query[0], query[1]]);
+    let any: SocketAddr = if upstream.is_ipv4() {
+        ([0, 0, 0, 0], 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let Ok(sock) = UdpSocket::bind(any) else {
+        return;
+    };
+    if sock.connect(upstream).is_err()
+        || sock.set_read_timeout(Some(UPSTREAM_TIMEOUT)).is_err()
+        || sock.send(query).is_err()
+    {
+        return;
+    }
+    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    loop {
+        let Ok(n) = sock.recv(&mut buf) else {
+            return;
+        };
+        let Some(addrs) = answers(&buf[..n], id) else {
+            continue;
+        };
+        let elements = set_elements(rules, &addrs);
+        if !elements.is_empty() && !add(&elements) {
+            tracing::warn!("egress resolver: cannot allow the addresses of {name}");
+        }
+        let _ = listener.send_to(&buf[..n], client);
+        return;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::{OpCode, Query};
+    use hickory_proto::rr::rdata::{A, AAAA};
+    use hickory_proto::rr::{Name, Record, RecordType};
+    use std::str::FromStr;
+
+    fn rules(text: &str) -> Vec<Rule> {
+        match text.parse::<Policy>().unwrap() {
+            Policy::List(r) => r,
+            _ => Vec::new(),
+        }
+    }
+
+    fn query(name: &str, id: u16) -> Vec<u8> {
+        let mut m = Message::query();
+        m.metadata.id = id;
+        m.queries
+            .push(Query::query(Name::from_str(name).unwrap(), RecordType::A));
+        m.to_vec().unwrap()
+    }
+
+    fn rcode(bytes: &[u8]) -> ResponseCode {
+        Message::from_vec(bytes).unwrap().metadata.response_code
+    }
+
+    #[test]
+    fn only_allowed_names_are_forwarded() {
+        let r = rules("pypi.org:443,*.example.com,10.0.0.0/8");
+        match decide(&r, &query("PyPI.org.", 7)) {
+            Decision::Forward { name, rules } => {
+                assert_eq!(name, "pypi.org");
+                assert_eq!(rules, vec![0]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            decide(&r, &query("a.b.example.com", 1)),
+            Decision::Forward { .. }
+        ));
+        for denied in [
+            "example.com",
+            "evil.com",
+            "pypi.org.evil.com",
+            "xexample.com",
+        ] {
+            match decide(&r, &query(denied, 9)) {
+                Decision::Answer(b) => assert_eq!(rcode(&b), ResponseCode::Refused, "{denied}"),
+                other => panic!("{denied}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_queries_are_dropped_or_refused() {
+        let r = rules("pypi.org");
+        assert_eq!(decide(&r, b""), Decision::Drop);
+        assert_eq!(decide(&r, &[0u8; 5]), Decision::Drop);
+        assert_eq!(decide(&r, &vec![0u8; MAX_DATAGRAM + 1]), Decision::Drop);
+        // A response is not a query.
+        let mut resp = Message::response(3, OpCode::Query);
+        resp.queries.push(Query::query(
+            Name::from_str("pypi.org").unwrap(),
+            RecordType::A,
+        ));
+        assert_eq!(decide(&r, &resp.to_vec().unwrap()), Decision::Drop);
+        // Two questions in one query.
+        let mut two = Message::query();
+        for n in ["pypi.org", "evil.com"] {
+            two.queries
+                .push(Query::query(Name::from_str(n).unwrap(), RecordType::A));
+        }
+        match decide(&r, &two.to_vec().unwrap()) {
+            Decision::Answer(b) => assert_eq!(rcode(&b), ResponseCode::FormErr),
+            other => panic!("{other:?}"),
+        }
+        // Truncated bytes of a valid query.
+        let q = query("pypi.org", 1);
+        for cut in 1..q.len() {
+            let _ = decide(&r, &q[..cut]);
+        }
+    }
+
+    #[test]
+    fn answers_give_addresses_with_bounded_ttls() {
+        let mut m = Message::response(42, OpCode::Query);
+        let name = Name::from_str("pypi.org.").unwrap();
+        m.answers.push(Record::from_rdata(
+            name.clone(),
+            1,
+            RData::A(A("192.0.2.1".parse().unwrap())),
+        ));
+        m.answers.push(Record::from_rdata(
+            name,
+            10_000_000,
+            RData::AAAA(AAAA("2001:db8::1".parse().unwrap())),
+        ));
+        let bytes = m.to_vec().unwrap();
+        assert_eq!(
+            answers(&bytes, 42).unwrap(),
+            vec![
+                ("192.0.2.1".parse().unwrap(), MIN_TTL),
+                ("2001:db8::1".parse().unwrap(), MAX_TTL)
+            ]
+        );
+        assert!(answers(&bytes, 43).is_none(), "another query's answer");
+        assert!(answers(&query("pypi.org", 42), 42).is_none(), "a query");
+        assert!(answers(&bytes[..bytes.len() - 3], 42).is_none());
+        let els = set_elements(&[2], &answers(&bytes, 42).unwrap());
+        assert!(els.contains("add element inet agentvm r2_v4 { 192.0.2.1 timeout 30s }"));
+        assert!(els.contains("r2_v6 { 2001:db8::1 timeout 86400s }"));
+    }
+
+    /// A real round trip: an upstream that answers everything, the
+    /// resolver between, and what it asked to allow.
+    #[test]
+    fn resolves_through_upstream_and_allows_what_it_answered() {
+        let upstream = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let up_addr = upstream.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while let Ok((n, from)) = upstream.recv_from(&mut buf) {
+                let q = Message::from_vec(&buf[..n]).unwrap();
+                let mut a = Message::response(q.metadata.id, OpCode::Query);
+                a.queries = q.queries.clone();
+                a.answers.push(Record::from_rdata(
+                    q.queries[0].name.clone(),
+                    300,
+                    RData::A(A("192.0.2.9".parse().unwrap())),
+                ));
+                upstream.send_to(&a.to_vec().unwrap(), from).unwrap();
+            }
+        });
+        let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let added = Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = added.clone();
+        let policy: Policy = "pypi.org:443".parse().unwrap();
+        std::thread::spawn(move || {
+            let add: Arc<dyn Fn(&str) -> bool + Send + Sync> = Arc::new(move |s: &str| {
+                sink.lock().unwrap().push_str(s);
+                true
+            });
+            serve(&policy, listener, Some(up_addr), add)
+        });
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut buf = [0u8; 512];
+        client.send_to(&query("evil.com", 5), addr).unwrap();
+        let n = client.recv(&mut buf).unwrap();
+        assert_eq!(rcode(&buf[..n]), ResponseCode::Refused);
+        client.send_to(&query("pypi.org", 6), addr).unwrap();
+        let n = client.recv(&mut buf).unwrap();
+        let m = Message::from_vec(&buf[..n]).unwrap();
+        assert_eq!(m.metadata.id, 6);
+        assert_eq!(m.answers.len(), 1);
+        assert_eq!(
+            added.lock().unwrap().trim(),
+            "add element inet agentvm r0_v4 { 192.0.2.9 timeout 300s }"
+        );
+    }
+}
