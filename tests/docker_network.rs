@@ -348,3 +348,53 @@ fn an_offline_runtime_serves_its_port_but_reaches_nothing() {
         "the published port of an offline sandbox serves"
     );
 }
+
+/// A policy naming a container by its network alias: the sandbox resolves
+/// and reaches it through Docker's embedded DNS, and nothing else by name.
+#[test]
+fn a_policy_by_name_reaches_only_that_container() {
+    let base = require!(docker());
+    if let Some(why) = common::guest::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let net = Network::create(base, "egress-names", &[]);
+    let runc = docker_with(Runtime::Peer("runc".into())).expect("docker");
+    let web = runc.start(
+        "web",
+        &["--network", &net.name, "--network-alias", "web"],
+        &["sh", "-c", HTTPD],
+    );
+    web.wait_for_log("serving");
+    let other = runc.start(
+        "other",
+        &["--network", &net.name, "--network-alias", "other"],
+        &["sh", "-c", HTTPD],
+    );
+    other.wait_for_log("serving");
+    let sandbox = Docker {
+        runtime: Runtime::Peer("agentvm-only-web".into()),
+    };
+    let out = sandbox
+        .run_rm(
+            &["--network", &net.name],
+            &[
+                "sh",
+                "-c",
+                "wget -q -O - http://web/index.html; \
+                 wget -q -O - http://other/index.html && echo other-reached || echo other-refused; \
+                 nslookup -type=a other 127.0.0.11 >/dev/null 2>&1 && echo other-resolved || echo other-unresolved",
+            ],
+        )
+        .ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        vec![
+            "hello-from-the-container",
+            "other-refused",
+            "other-unresolved"
+        ],
+        "{out}"
+    );
+}

@@ -107,6 +107,11 @@ fn daemon_config() -> String {
             "path": bin,
             "runtimeArgs": ["--config", microvm_config(), "--egress", "deny"]
         },
+        // Sandboxes that may reach one name only: the alias `web:80`.
+        "agentvm-only-web": {
+            "path": bin,
+            "runtimeArgs": ["--config", microvm_config(), "--egress", "web:80"]
+        },
     });
     if let Some(crun) = find_in_path("crun") {
         runtimes["crun"] = serde_json::json!({ "path": crun });
