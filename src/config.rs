@@ -133,7 +133,7 @@ pub struct MicrovmConfig {
     /// A static binary to boot as the guest's `/init` instead of agentvm
     /// itself (which is the guest agent when unset). For debugging a guest
     /// agent and for testing how the host copes with a misbehaving one; the
-    /// binary must speak the control protocol of `src/microvm/protocol.rs`.
+    /// binary must speak the control protocol of `crates/protocol` (`agentvm-protocol`).
     pub guest_agent: Option<PathBuf>,
 }
 

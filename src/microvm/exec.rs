@@ -119,7 +119,9 @@ fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result
     if !req.detach {
         let status = relay(conn, &io);
         restore_tty(&io);
-        return Ok(status.clamp(0, 255) as u8);
+        // A status outside 0..=255 is not one a process can have: the
+        // relay reports it as lost, as the detached relay does.
+        return Ok(u8::try_from(status).unwrap_or(RELAY_LOST_STATUS as u8));
     }
     // SAFETY: the CLI is single-threaded here (no thread has been started),
     // so the child may run arbitrary code after fork.

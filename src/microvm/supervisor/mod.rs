@@ -4,7 +4,8 @@
 //! It sets itself up in the spec's network namespace and cgroup, stages the
 //! share, starts the VMM, brings the guest agent to "created", then relays
 //! stdio, signals and CLI requests until the workload exits, and exits with
-//! the workload's status (dying by the same signal when it was killed).
+//! the workload's status (128 + the signal when it was killed, by `exit`:
+//! the host process never raises a signal the guest names).
 
 use std::fs::File;
 use std::io::Write;

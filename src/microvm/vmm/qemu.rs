@@ -45,7 +45,17 @@ impl Qemu {
             .args(["--cache", "auto", "--sandbox", "namespace"])
             .args(["--log-level", "error"])
             .stdin(Stdio::null())
-            .stdout(Stdio::null());
+            .stdout(Stdio::null())
+            // Never the workload's stderr (the supervisor's, without a
+            // terminal): its messages would land in `docker logs`.
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(config.run_dir.join("virtiofsd.log"))
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::null()),
+            );
         let fd = listener.as_raw_fd();
         // SAFETY: runs between fork and exec; dup2 is async-signal-safe and
         // the listener's fd stays valid until spawn returns (the caller
