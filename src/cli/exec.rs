@@ -36,10 +36,10 @@ pub struct ExecArgs {
     pub detach: bool,
     #[arg(long = "pid-file")]
     pub pid_file: Option<PathBuf>,
-    /// Accepted for compatibility (no SELinux here)
+    /// SELinux label of the process (refused: not supported)
     #[arg(long = "process-label")]
     pub process_label: Option<String>,
-    /// Accepted for compatibility (no AppArmor here)
+    /// AppArmor profile of the process (refused where AppArmor is off)
     #[arg(long)]
     pub apparmor: Option<String>,
     #[arg(long = "no-new-privs")]
@@ -102,6 +102,14 @@ fn process_from_flags(config: &Path, args: &ExecArgs) -> anyhow::Result<Process>
     p.set_user(user);
     if args.no_new_privs {
         p.set_no_new_privileges(Some(true));
+    }
+    // As runc: the flags set the process's label and profile, which the
+    // tier then applies or refuses (never silently drops).
+    if let Some(label) = &args.process_label {
+        p.set_selinux_label(Some(label.clone()));
+    }
+    if let Some(profile) = &args.apparmor {
+        p.set_apparmor_profile(Some(profile.clone()));
     }
     if !args.cap.is_empty() {
         let mut caps = p.capabilities().clone().unwrap_or_default();

@@ -29,6 +29,21 @@ pub fn default_spec(rootless: bool) -> anyhow::Result<Spec> {
         spec.set_process(Some(p));
     }
     spec.set_hostname(Some("agentvm".to_string()));
+    // As runc's: every device denied unless a rule allows it (oci-spec's
+    // default has no rule at all, which allows every device).
+    if !rootless {
+        if let Some(mut linux) = spec.linux().clone() {
+            let mut resources = linux.resources().clone().unwrap_or_default();
+            let deny_all = oci_spec::runtime::LinuxDeviceCgroupBuilder::default()
+                .allow(false)
+                .access("rwm")
+                .build()
+                .context("build the deny-all device rule")?;
+            resources.set_devices(Some(vec![deny_all]));
+            linux.set_resources(Some(resources));
+            spec.set_linux(Some(linux));
+        }
+    }
     Ok(spec)
 }
 
