@@ -3,6 +3,7 @@
 # setting that is already there:
 #   agentvm            -> microvm tier (the default isolation)
 #   agentvm-container  -> container tier (--isolation=container)
+#   agentvm-offline    -> microvm tier with no egress at all (--egress deny)
 # Usage: register-docker-runtimes.sh [BINARY] [DAEMON_JSON]
 set -euo pipefail
 bin=${1:-/usr/local/bin/agentvm}
@@ -22,7 +23,8 @@ jq --arg bin "$bin" '
   .runtimes = (.runtimes // {})
   | .runtimes.agentvm = {path: $bin}
   | .runtimes["agentvm-container"] = {path: $bin, runtimeArgs: ["--isolation=container"]}
+  | .runtimes["agentvm-offline"] = {path: $bin, runtimeArgs: ["--egress", "deny"]}
 ' <<<"$current" >"$tmp"
 chmod 0644 "$tmp"
 mv "$tmp" "$conf"
-echo "registered runtimes agentvm and agentvm-container ($bin) in $conf"
+echo "registered runtimes agentvm, agentvm-container and agentvm-offline ($bin) in $conf"
