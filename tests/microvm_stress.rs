@@ -308,7 +308,7 @@ fn describe_status(status: i32) -> String {
         format!("exited with {}", libc::WEXITSTATUS(status))
     } else if libc::WIFSIGNALED(status) {
         format!(
-            "killed by signal {}{}",
+            "was killed by signal {}{}",
             libc::WTERMSIG(status),
             if libc::WCOREDUMP(status) {
                 " (core dumped)"
@@ -351,7 +351,7 @@ fn a_guest_death_by_sigsegv_is_exit_139_and_no_core_on_the_host() {
     let status = wait_status(supervisor, Duration::from_secs(120));
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 139,
-        "the supervisor must exit with 139, not be killed: it {}",
+        "the supervisor must exit with 139 (by exit, not by the signal), but it {}",
         describe_status(status)
     );
     assert!(!libc::WCOREDUMP(status), "{}", describe_status(status));
@@ -385,7 +385,7 @@ fn a_guest_death_by_sigsegv_is_exit_139_and_no_core_on_the_host() {
     let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 139,
-        "`agentvm run` must exit with 139: it {}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
+        "`agentvm run` must exit with 139, but it {}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
         describe_status(status)
     );
     assert!(!stdout.contains("survived"), "{stdout}");
