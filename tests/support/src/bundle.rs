@@ -97,14 +97,11 @@ impl Fixture {
         .expect("write config");
     }
 
-    /// Runs agentvm with stdout and stderr in files, not pipes: a created
-    /// container's init inherits them and keeps them open, so a pipe would
-    /// not reach EOF until the container ends (with runc as well).
-    pub fn agentvm(&self, args: &[&str]) -> Output {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let out_path = self.dir.path().join(format!("out.{n}"));
-        let err_path = self.dir.path().join(format!("err.{n}"));
+    /// The agentvm command for `args` with this fixture's state root, log
+    /// and global flags, for a test that runs it its own way (and tells an
+    /// exit code from a death by signal, which [`Fixture::agentvm`] folds
+    /// into one number).
+    pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(super::agentvm_bin());
         cmd.arg("--root")
             .arg(self.root())
@@ -113,8 +110,20 @@ impl Fixture {
             .arg("--log-format")
             .arg("json")
             .args(&self.global)
-            .args(args)
-            .stdin(Stdio::null())
+            .args(args);
+        cmd
+    }
+
+    /// Runs agentvm with stdout and stderr in files, not pipes: a created
+    /// container's init inherits them and keeps them open, so a pipe would
+    /// not reach EOF until the container ends (with runc as well).
+    pub fn agentvm(&self, args: &[&str]) -> Output {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let out_path = self.dir.path().join(format!("out.{n}"));
+        let err_path = self.dir.path().join(format!("err.{n}"));
+        let mut cmd = self.command(args);
+        cmd.stdin(Stdio::null())
             .stdout(File::create(&out_path).expect("stdout file"))
             .stderr(File::create(&err_path).expect("stderr file"));
         let command = super::cmd::describe(&cmd);
