@@ -8,7 +8,9 @@
 //! - `annotations`: the `io.agentvm.isolation` and `io.agentvm.egress`
 //!   values;
 //! - `dns_relay`: the host-side DNS relay's table, which the guest's
-//!   queries fill.
+//!   queries fill;
+//! - `egress_resolver`: the egress policy's resolver, which the sandbox's
+//!   DNS queries and the upstream's answers reach.
 //!
 //! `cargo test` runs each target for a bounded number of cases and replays
 //! `regressions/<target>/*`; the `agentvm-fuzz` binary (`make fuzz`) runs
@@ -85,6 +87,11 @@ mod tests {
     #[test]
     fn dns_relay_bounded() {
         bounded("dns_relay", 5000);
+    }
+
+    #[test]
+    fn egress_resolver_bounded() {
+        bounded("egress_resolver", 5000);
     }
 
     #[test]

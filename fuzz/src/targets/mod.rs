@@ -9,6 +9,7 @@ use arbitrary::Unstructured;
 pub mod annotations;
 pub mod config;
 pub mod dns_relay;
+pub mod egress_resolver;
 pub mod protocol;
 pub mod spec;
 pub mod values;
@@ -50,6 +51,12 @@ pub const TARGETS: &[Target] = &[
         about: "the host-side DNS relay's table: guest queries and the answers matched back",
         generate: dns_relay::generate,
         run: dns_relay::run,
+    },
+    Target {
+        name: "egress_resolver",
+        about: "the egress resolver: sandbox DNS queries it forwards or refuses, upstream answers it allows",
+        generate: egress_resolver::generate,
+        run: egress_resolver::run,
     },
     Target {
         name: "annotations",
