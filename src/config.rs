@@ -282,7 +282,7 @@ mod tests {
                 "microvm.default_memory_mib = 0",
             ),
             (
-                "[microvm]\ndefault_memory_mib = 18446744073709551615\n",
+                "[microvm]\ndefault_memory_mib = 9223372036854775807\n",
                 "default_memory_mib",
             ),
             (

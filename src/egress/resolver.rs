@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
-use hickory_proto::rr::RData;
+use hickory_proto::rr::{Name, RData};
 
 use super::{name_below, Policy, Rule, Target, NFT_TABLE};
 
@@ -63,11 +63,23 @@ pub fn set_name(index: usize, v6: bool) -> String {
     format!("r{index}_{}", if v6 { "v6" } else { "v4" })
 }
 
-/// The name of a query, lowercase without the trailing dot.
-fn query_name(msg: &Message) -> Option<String> {
-    let q = msg.queries.first()?;
-    let name = q.name.to_ascii().to_ascii_lowercase();
-    Some(name.trim_end_matches('.').to_string())
+/// The name of a query as rules spell names: its labels, lowercase, joined
+/// by dots. `None` when a label holds a byte no rule can name: in the text
+/// form a dot inside a label (`com\.pypi` of `com\.pypi.org`, a name
+/// under `org`) would read as a label boundary and pass for a name below
+/// `pypi.org` (found by the `egress_resolver` fuzz target).
+fn rule_name(name: &Name) -> Option<String> {
+    let mut labels = Vec::new();
+    for label in name.iter() {
+        if !label
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_')
+        {
+            return None;
+        }
+        labels.push(std::str::from_utf8(label).ok()?.to_ascii_lowercase());
+    }
+    Some(labels.join("."))
 }
 
 fn reply_code(query: &Message, code: ResponseCode) -> Vec<u8> {
@@ -106,8 +118,11 @@ pub fn decide(rules: &[Rule], datagram: &[u8]) -> Decision {
     if msg.queries.len() != 1 {
         return Decision::Answer(reply_code(&msg, ResponseCode::FormErr));
     }
-    let Some(name) = query_name(&msg) else {
+    let Some(q) = msg.queries.first() else {
         return Decision::Answer(reply_code(&msg, ResponseCode::FormErr));
+    };
+    let Some(name) = rule_name(&q.name) else {
+        return Decision::Answer(reply_code(&msg, ResponseCode::Refused));
     };
     let allowed = rules_for(rules, &name);
     if allowed.is_empty() {
@@ -254,7 +269,7 @@ mod tests {
     use super::*;
     use hickory_proto::op::{OpCode, Query};
     use hickory_proto::rr::rdata::{A, AAAA};
-    use hickory_proto::rr::{Name, Record, RecordType};
+    use hickory_proto::rr::{Record, RecordType};
     use std::str::FromStr;
 
     fn rules(text: &str) -> Vec<Rule> {
@@ -301,6 +316,32 @@ mod tests {
                 other => panic!("{denied}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_dot_inside_a_label_is_not_a_label_boundary() {
+        let r = rules("*.pypi.org,pypi.org");
+        let cases: [&[&[u8]]; 4] = [
+            &[b"com.pypi", b"org"],
+            &[b"pypi.org"],
+            &[b"x", b"a\\", b"pypi", b"org"],
+            &[b"x\0", b"pypi", b"org"],
+        ];
+        for labels in cases {
+            let mut m = Message::query();
+            m.queries.push(Query::query(
+                Name::from_labels(labels.iter().map(|l| l.to_vec())).unwrap(),
+                RecordType::A,
+            ));
+            match decide(&r, &m.to_vec().unwrap()) {
+                Decision::Answer(b) => assert_eq!(rcode(&b), ResponseCode::Refused, "{labels:?}"),
+                other => panic!("{labels:?}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            decide(&r, &query("Files.PyPI.org.", 3)),
+            Decision::Forward { .. }
+        ));
     }
 
     #[test]

@@ -329,10 +329,7 @@ fn check_policy(text: &str) {
                 .sum(),
             _ => 0,
         };
-        let accepts = rs
-            .lines()
-            .filter(|l| l.contains("counter accept"))
-            .count();
+        let accepts = rs.lines().filter(|l| l.contains("counter accept")).count();
         assert_eq!(accepts, want, "accept lines for {shown:?}");
     }
 }

@@ -31,8 +31,29 @@ const POLICIES: &[&str] = &[
 ];
 
 const LABELS: &[&str] = &[
-    "pypi", "org", "example", "com", "a", "b", "c", "x", "PyPI", "EXAMPLE", "*", "evil",
-    "x.pypi", "com.pypi", "a.b", "b.c", "xn--p1ai", "-", "_x", "a b", "\\", "\0", ".",
+    "pypi",
+    "org",
+    "example",
+    "com",
+    "a",
+    "b",
+    "c",
+    "x",
+    "PyPI",
+    "EXAMPLE",
+    "*",
+    "evil",
+    "x.pypi",
+    "com.pypi",
+    "a.b",
+    "b.c",
+    "xn--p1ai",
+    "-",
+    "_x",
+    "a b",
+    "\\",
+    "\0",
+    ".",
     "githubusercontent",
 ];
 
@@ -56,11 +77,51 @@ fn name(labels: &[LabelIn]) -> Name {
     Name::from_labels(labels).unwrap_or_else(|_| Name::root())
 }
 
+/// The policies' own names, for queries that get past the filter.
+const SUFFIXES: &[&str] = &[
+    "pypi.org",
+    "example.com",
+    "a.b.c",
+    "b.c",
+    "githubusercontent.com",
+    "org",
+    "",
+];
+
+/// A question name: a few labels, then (mostly) a name a policy allows.
+#[derive(Arbitrary, Debug)]
+struct NameIn {
+    prefix: Vec<LabelIn>,
+    suffix: u8,
+    upper: bool,
+}
+
+impl NameIn {
+    fn name(&self) -> Name {
+        let mut labels: Vec<Vec<u8>> = self.prefix.iter().take(4).map(LabelIn::bytes).collect();
+        let suffix = SUFFIXES[usize::from(self.suffix) % SUFFIXES.len()];
+        labels.extend(
+            suffix
+                .split('.')
+                .filter(|l| !l.is_empty())
+                .map(|l| l.as_bytes().to_vec()),
+        );
+        if self.upper {
+            for l in &mut labels {
+                l.make_ascii_uppercase();
+            }
+        }
+        Name::from_labels(labels).unwrap_or_else(|_| Name::root())
+    }
+}
+
 #[derive(Arbitrary, Debug)]
 enum QueryIn {
     Built {
         id: u16,
-        names: Vec<Vec<LabelIn>>,
+        first: NameIn,
+        /// More questions (a query has one).
+        more: Option<Vec<NameIn>>,
         rtype: u16,
         response: bool,
     },
@@ -88,7 +149,8 @@ fn query_bytes(q: &QueryIn) -> Vec<u8> {
     match q {
         QueryIn::Built {
             id,
-            names,
+            first,
+            more,
             rtype,
             response,
         } => {
@@ -99,9 +161,10 @@ fn query_bytes(q: &QueryIn) -> Vec<u8> {
                 m.metadata.id = *id;
                 m
             };
-            for labels in names.iter().take(3) {
+            let names = std::iter::once(first).chain(more.iter().flatten().take(2));
+            for n in names {
                 m.queries
-                    .push(Query::query(name(labels), RecordType::from(*rtype)));
+                    .push(Query::query(n.name(), RecordType::from(*rtype)));
             }
             m.to_vec().unwrap_or_default()
         }
@@ -191,7 +254,12 @@ fn check_decision(rules: &[Rule], datagram: &[u8]) {
                 panic!("forwarded bytes that are not a message")
             };
             assert_eq!(q.metadata.message_type, MessageType::Query);
-            assert_eq!(q.queries.len(), 1, "forwarded {} questions", q.queries.len());
+            assert_eq!(
+                q.queries.len(),
+                1,
+                "forwarded {} questions",
+                q.queries.len()
+            );
             assert!(!which.is_empty(), "forwarded for no rule");
             // What goes upstream is the name on the wire, label by label.
             let labels: Vec<Vec<u8>> = q.queries[0]
@@ -232,7 +300,10 @@ fn check_answers(reply: &[u8], id: u16) {
         Ok(m) => m,
         Err(e) => panic!("addresses taken from a reply that does not decode: {e}"),
     };
-    assert_eq!(m.metadata.id, id, "addresses from the answer to another query");
+    assert_eq!(
+        m.metadata.id, id,
+        "addresses from the answer to another query"
+    );
     assert_eq!(m.metadata.message_type, MessageType::Response);
     assert!(addrs.len() <= m.answers.len());
     for (_, ttl) in &addrs {
@@ -247,5 +318,37 @@ fn check_answers(reply: &[u8], id: u16) {
                 && !line.contains(';'),
             "{line:?}"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_get_each_decision() {
+        let t = crate::targets::find("egress_resolver").unwrap();
+        let mut counts = [0usize; 4];
+        for case in 0..3000 {
+            let data = crate::driver::input_for(t, 1, case);
+            let mut u = Unstructured::new(&data);
+            let Ok(input) = Input::arbitrary(&mut u) else {
+                counts[3] += 1;
+                continue;
+            };
+            let rules = match POLICIES[usize::from(input.policy) % POLICIES.len()].parse::<Policy>()
+            {
+                Ok(Policy::List(r)) => r,
+                _ => Vec::new(),
+            };
+            let i = match decide(&rules, &query_bytes(&input.query)) {
+                Decision::Drop => 0,
+                Decision::Answer(_) => 1,
+                Decision::Forward { .. } => 2,
+            };
+            counts[i] += 1;
+        }
+        // Dropped, answered, forwarded, not an input.
+        assert!(counts[1] > 300 && counts[2] > 100, "{counts:?}");
     }
 }
