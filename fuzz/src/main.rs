@@ -73,7 +73,7 @@ fn parse_args() -> Result<Option<Args>, UsageError> {
         match flag.as_str() {
             "--list" => {
                 for t in TARGETS {
-                    println!("{:12} {}", t.name, t.about);
+                    println!("{:16} {}", t.name, t.about);
                 }
                 return Ok(None);
             }
@@ -239,7 +239,7 @@ fn main() -> ExitCode {
             Ok(p) => {
                 let secs = p.elapsed.as_secs_f64();
                 println!(
-                    "fuzz {:12} {:>9} cases in {:6.1} s ({:>7.0}/s), no crash",
+                    "fuzz {:16} {:>9} cases in {:6.1} s ({:>7.0}/s), no crash",
                     target.name,
                     p.cases,
                     secs,
@@ -248,7 +248,7 @@ fn main() -> ExitCode {
             }
             Err(crash) => {
                 crashed = true;
-                println!("fuzz {:12} CRASH: {crash}", target.name);
+                println!("fuzz {:16} CRASH: {crash}", target.name);
                 match driver::save(&args.crash_dir, target.name, &crash.input) {
                     Ok(file) => println!(
                         "  input saved to {}\n  reproduce: agentvm-fuzz --target {} --replay {}",
