@@ -257,6 +257,12 @@ impl FromStr for Rule {
             });
         }
         let lower = dest.trim_end_matches('.').to_ascii_lowercase();
+        // `192.0.2.7.` is not a host name: it would print as the address,
+        // which parses as another rule (found by the `annotations` fuzz
+        // target).
+        if lower.parse::<IpAddr>().is_ok() {
+            return Err(bad(rule, "an address is written without a trailing dot"));
+        }
         let target = match lower.strip_prefix("*.") {
             Some(below) if valid_name(below) => Target::Below(below.to_string()),
             Some(_) => return Err(bad(rule, "not a valid name after '*.'")),
@@ -610,6 +616,8 @@ mod tests {
             ("-bad.com", "not an address"),
             ("allow,10.0.0.1", "stand alone"),
             ("/udp", "no destination"),
+            ("192.0.2.7.", "without a trailing dot"),
+            ("192.0.2.7..:443/udp", "without a trailing dot"),
         ] {
             let err = bad.parse::<Policy>().unwrap_err().to_string();
             assert!(err.contains(needle), "{bad:?}: {err}");
