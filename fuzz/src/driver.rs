@@ -172,11 +172,11 @@ pub fn regression_files(target: &str) -> Result<Vec<PathBuf>, DriverError> {
     Ok(files)
 }
 
+/// A replayed file and how its run went (the panic's message).
+pub type Replayed = (PathBuf, Result<(), String>);
+
 /// Replays files (or every file in directories) through a target.
-pub fn replay(
-    target: &'static Target,
-    paths: &[PathBuf],
-) -> Result<Vec<(PathBuf, Result<(), String>)>, DriverError> {
+pub fn replay(target: &'static Target, paths: &[PathBuf]) -> Result<Vec<Replayed>, DriverError> {
     let mut files = Vec::new();
     for p in paths {
         if p.is_dir() {

@@ -196,21 +196,6 @@ pub fn run(data: &[u8]) {
     check(&config);
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn many_inputs_parse() {
-        let t = crate::targets::find("config").unwrap();
-        let parsed = (0..2000)
-            .map(|case| crate::driver::input_for(t, 1, case))
-            .filter(|i| Config::parse(&String::from_utf8_lossy(i)).is_ok())
-            .count();
-        assert!(parsed > 200, "{parsed} of 2000 parse");
-    }
-}
-
 /// Everything that reads a parsed config's values, as create and the
 /// supervisor read them.
 fn check(config: &Config) {
@@ -255,4 +240,19 @@ fn check(config: &Config) {
     let timeout = Duration::from_secs(secs.unwrap_or(120));
     let _deadline = Instant::now() + timeout;
     assert_eq!(config.microvm.boot_timeout(), timeout);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn many_inputs_parse() {
+        let t = crate::targets::find("config").unwrap();
+        let parsed = (0..2000)
+            .map(|case| crate::driver::input_for(t, 1, case))
+            .filter(|i| Config::parse(&String::from_utf8_lossy(i)).is_ok())
+            .count();
+        assert!(parsed > 200, "{parsed} of 2000 parse");
+    }
 }
