@@ -155,7 +155,9 @@ impl Config {
         Self::parse(&text).map_err(|message| ConfigError::Parse { path, message })
     }
 
-    fn parse(text: &str) -> Result<Config, String> {
+    /// Parses the text of a config file; the error is the parser's message
+    /// (the caller names the file). Public for the fuzz targets.
+    pub fn parse(text: &str) -> Result<Config, String> {
         toml::from_str(text).map_err(|e| e.message().to_string())
     }
 

@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::protocol::{Frame, GuestMessage, HostMessage, Reply, VERSION};
 use crate::state::process_start_time;
 
-mod guest_log;
+pub mod guest_log;
 pub mod jail;
 mod relays;
 mod serve;
