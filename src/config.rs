@@ -20,6 +20,10 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentvm/config.toml";
 /// OCI annotation that picks the tier of one container.
 pub const ISOLATION_ANNOTATION: &str = "io.agentvm.isolation";
 
+/// Largest `microvm.default_memory_mib` (16 TiB): a VM's size in bytes
+/// must be a number the VMM can take.
+pub const MAX_MEMORY_MIB: u64 = 16 << 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Isolation {
@@ -137,6 +141,22 @@ pub struct MicrovmConfig {
     pub guest_agent: Option<PathBuf>,
 }
 
+impl MicrovmConfig {
+    /// Refuses values that parse but that no VM could use, naming the key:
+    /// found by the `config` fuzz target (docs/fuzzing.md).
+    fn validate(&self) -> Result<(), String> {
+        use crate::microvm::spec::MIN_MEMORY_MIB;
+        if let Some(m) = self.default_memory_mib {
+            if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&m) {
+                return Err(format!(
+                    "microvm.default_memory_mib = {m}: must be {MIN_MEMORY_MIB} to {MAX_MEMORY_MIB} (MiB)"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Config {
     /// Loads the config file. The default path may be absent; a path the
     /// user named explicitly must exist.
@@ -158,7 +178,9 @@ impl Config {
     /// Parses the text of a config file; the error is the parser's message
     /// (the caller names the file). Public for the fuzz targets.
     pub fn parse(text: &str) -> Result<Config, String> {
-        toml::from_str(text).map_err(|e| e.message().to_string())
+        let config: Config = toml::from_str(text).map_err(|e| e.message().to_string())?;
+        config.microvm.validate()?;
+        Ok(config)
     }
 
     /// Picks the tier for a container, following the documented precedence.
@@ -229,6 +251,19 @@ mod tests {
         assert_eq!(c.microvm.kernel, Some(PathBuf::from("/k")));
         assert!(Config::parse("isolaton = \"container\"").is_err());
         assert!(Config::parse("isolation = \"vm\"").is_err());
+    }
+
+    #[test]
+    fn microvm_numbers_no_vm_could_use_are_refused() {
+        for (text, key) in [
+            ("[microvm]\ndefault_memory_mib = 0\n", "microvm.default_memory_mib = 0"),
+            ("[microvm]\ndefault_memory_mib = 18446744073709551615\n", "default_memory_mib"),
+        ] {
+            let err = Config::parse(text).unwrap_err();
+            assert!(err.contains(key), "{text:?}: {err}");
+        }
+        let ok = Config::parse("[microvm]\ndefault_memory_mib = 128\n").unwrap();
+        assert_eq!(ok.microvm.default_memory_mib, Some(128));
     }
 
     #[test]

@@ -166,7 +166,8 @@ mod tests {
         let mut r = Rng::new(3);
         let mut changed = 0;
         for _ in 0..5000 {
-            let bytes = r.bytes(r.length(512));
+            let len = r.length(512);
+            let bytes = r.bytes(len);
             let mut u = Unstructured::new(&bytes);
             let mut data = b"{\"type\":\"exit\",\"id\":12,\"status\":0}".to_vec();
             let before = data.clone();

@@ -60,5 +60,6 @@ pub fn find(name: &str) -> Option<&'static Target> {
 /// Random bytes as they are: the input of the structured targets, which
 /// read their structure out of them with `arbitrary`.
 pub fn raw(u: &mut Unstructured) -> arbitrary::Result<Vec<u8>> {
-    Ok(u.take_rest().to_vec())
+    let n = u.len();
+    Ok(u.bytes(n)?.to_vec())
 }
