@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +24,10 @@ pub const ISOLATION_ANNOTATION: &str = "io.agentvm.isolation";
 /// Largest `microvm.default_memory_mib` (16 TiB): a VM's size in bytes
 /// must be a number the VMM can take.
 pub const MAX_MEMORY_MIB: u64 = 16 << 20;
+/// `microvm.boot_timeout_secs` when the file sets none.
+pub const DEFAULT_BOOT_TIMEOUT_SECS: u64 = 120;
+/// Largest `microvm.boot_timeout_secs` (a day).
+pub const MAX_BOOT_TIMEOUT_SECS: u64 = 24 * 60 * 60;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -153,7 +158,23 @@ impl MicrovmConfig {
                 ));
             }
         }
+        if let Some(t) = self.boot_timeout_secs {
+            if !(1..=MAX_BOOT_TIMEOUT_SECS).contains(&t) {
+                return Err(format!(
+                    "microvm.boot_timeout_secs = {t}: must be 1 to {MAX_BOOT_TIMEOUT_SECS} (seconds)"
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// How long the supervisor waits for the guest agent's hello.
+    pub fn boot_timeout(&self) -> Duration {
+        Duration::from_secs(
+            self.boot_timeout_secs
+                .unwrap_or(DEFAULT_BOOT_TIMEOUT_SECS)
+                .clamp(1, MAX_BOOT_TIMEOUT_SECS),
+        )
     }
 }
 
@@ -258,12 +279,16 @@ mod tests {
         for (text, key) in [
             ("[microvm]\ndefault_memory_mib = 0\n", "microvm.default_memory_mib = 0"),
             ("[microvm]\ndefault_memory_mib = 18446744073709551615\n", "default_memory_mib"),
+            ("[microvm]\nboot_timeout_secs = 0\n", "microvm.boot_timeout_secs = 0"),
+            // Once a panic in the supervisor (the deadline overflowed Instant).
+            ("microvm.boot_timeout_secs = 0x7fffffffffffffff\n", "boot_timeout_secs"),
         ] {
             let err = Config::parse(text).unwrap_err();
             assert!(err.contains(key), "{text:?}: {err}");
         }
         let ok = Config::parse("[microvm]\ndefault_memory_mib = 128\n").unwrap();
         assert_eq!(ok.microvm.default_memory_mib, Some(128));
+        assert_eq!(ok.microvm.boot_timeout(), Duration::from_secs(120));
     }
 
     #[test]

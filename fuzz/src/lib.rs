@@ -23,8 +23,13 @@ mod tests {
     use super::driver::{self, Limits};
     use super::targets::{find, TARGETS};
 
-    /// The seed of the bounded runs in `cargo test`.
+    /// The seed of the bounded runs in `cargo test`; `AGENTVM_FUZZ_SEED`
+    /// and `AGENTVM_FUZZ_CASES` change the seed and the number of cases.
     const SEED: u64 = 0x00a9_e47f;
+
+    fn env_number(name: &str) -> Option<u64> {
+        std::env::var(name).ok().and_then(|v| v.parse().ok())
+    }
 
     #[test]
     fn regressions_replay_clean() {
@@ -44,10 +49,11 @@ mod tests {
     fn bounded(name: &str, cases: u64) {
         let t = find(name).unwrap();
         let limits = Limits {
-            cases: Some(cases),
+            cases: Some(env_number("AGENTVM_FUZZ_CASES").unwrap_or(cases)),
             time: None,
         };
-        if let Err(crash) = driver::fuzz(t, SEED, limits, |_| {}) {
+        let seed = env_number("AGENTVM_FUZZ_SEED").unwrap_or(SEED);
+        if let Err(crash) = driver::fuzz(t, seed, limits, |_| {}) {
             let dir = driver::crate_dir().join("crashes");
             let file = driver::save(&dir, t.name, &crash.input).unwrap();
             panic!("{crash}\ninput saved to {}", file.display());
