@@ -28,6 +28,7 @@ const DICT: &[&str] = &[
     "/129", ":0", ":65535", ":65536", "allow", "deny", " ", "\t", "\u{a0}", "::ffff:", "%eth0",
 ];
 
+/// Labels of host names: the valid ones first ([`VALID_LABELS`]).
 const LABELS: &[&str] = &[
     "a",
     "pypi",
@@ -38,19 +39,22 @@ const LABELS: &[&str] = &[
     "0",
     "255",
     "256",
-    "-a",
-    "a-",
     "_x",
     "xn--p1ai",
-    "*",
-    "",
     "UPPER",
-    "é",
     "udp",
+    "allow",
+    "deny",
     "localhost",
     "0x7f",
     "012",
+    "-a",
+    "a-",
+    "*",
+    "",
+    "é",
 ];
+const VALID_LABELS: usize = 18;
 
 #[derive(Arbitrary, Debug)]
 enum Rule {
@@ -69,13 +73,23 @@ enum Rule {
         udp: Option<bool>,
     },
     Name {
+        first: u8,
         labels: Vec<u8>,
+        /// Past 253 bytes.
+        many: bool,
+        /// A label about 63 bytes long.
         long: Option<u8>,
         wildcard: bool,
         dots: u8,
         port: Option<u16>,
         udp: Option<bool>,
     },
+    Odd(Odd),
+}
+
+/// A rule that is mostly not one.
+#[derive(Arbitrary, Debug)]
+enum Odd {
     Token(u8),
     Any(Text),
 }
@@ -137,20 +151,27 @@ impl Rule {
                 }
             }
             Rule::Name {
+                first,
                 labels,
+                many,
                 long,
                 wildcard,
                 dots,
                 port,
                 udp,
             } => {
-                let mut parts: Vec<String> = labels
-                    .iter()
-                    .take(130)
-                    .map(|i| LABELS[usize::from(*i) % LABELS.len()].to_string())
+                let mut parts: Vec<String> = std::iter::once(first)
+                    .chain(labels)
+                    .take(if *many { 130 } else { 5 })
+                    .map(|i| {
+                        // Mostly valid labels, so that names get past the
+                        // label checks.
+                        let n = if *i < 224 { VALID_LABELS } else { LABELS.len() };
+                        LABELS[usize::from(*i) % n].to_string()
+                    })
                     .collect();
                 if let Some(n) = long {
-                    parts.push("x".repeat(usize::from(*n)));
+                    parts.push("x".repeat(56 + usize::from(*n % 16)));
                 }
                 let mut name = parts.join(".");
                 if *wildcard {
@@ -159,35 +180,34 @@ impl Rule {
                 name.push_str(&".".repeat(usize::from(dots % 4)));
                 format!("{name}{}", tail(*port, *udp))
             }
-            Rule::Token(i) => DICT[usize::from(*i) % DICT.len()].to_string(),
-            Rule::Any(t) => t.string(),
+            Rule::Odd(Odd::Token(i)) => DICT[usize::from(*i) % DICT.len()].to_string(),
+            Rule::Odd(Odd::Any(t)) => t.string(),
         }
     }
 }
 
+/// A policy: mostly a list (`pick` of 32 and up), else a keyword.
 #[derive(Arbitrary, Debug)]
-enum PolicyIn {
-    Allow,
-    Deny,
-    Spaced(bool),
-    List(Vec<Rule>, u8),
+struct PolicyIn {
+    pick: u8,
+    rules: Vec<Rule>,
+    sep: u8,
 }
 
 impl PolicyIn {
     fn text(&self) -> String {
-        match self {
-            PolicyIn::Allow => "allow".into(),
-            PolicyIn::Deny => "deny".into(),
-            PolicyIn::Spaced(allow) => if *allow { " allow\n" } else { "\tdeny " }.into(),
-            PolicyIn::List(rules, sep) => {
-                let sep = [",", ", ", " ,", ",,"][usize::from(*sep) % 4];
-                rules
-                    .iter()
-                    .map(Rule::text)
-                    .collect::<Vec<_>>()
-                    .join(sep)
-            }
+        const KEYWORDS: &[&str] = &["allow", "deny", " allow\n", "\tdeny ", "DENY", "Allow"];
+        if self.pick < 32 {
+            return KEYWORDS[usize::from(self.pick) % KEYWORDS.len()].to_string();
         }
+        let sep = [",", ", ", " ,", ",,"][usize::from(self.sep) % 4];
+        // A few rules: one bad rule refuses the whole list.
+        self.rules
+            .iter()
+            .take(4)
+            .map(Rule::text)
+            .collect::<Vec<_>>()
+            .join(sep)
     }
 }
 
@@ -317,3 +337,26 @@ fn check_locked(requested: &str, locked: &str) {
         _ => panic!("locked {base} let {got} through"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn many_policies_parse_and_many_do_not() {
+        let t = crate::targets::find("annotations").unwrap();
+        let mut lists = 0;
+        let mut errors = 0;
+        for case in 0..2000 {
+            let input = crate::driver::input_for(t, 1, case);
+            let egress = input.split(|b| *b == SEP).next().unwrap_or_default();
+            match String::from_utf8_lossy(egress).parse::<Policy>() {
+                Ok(Policy::List(_)) => lists += 1,
+                Ok(_) => {}
+                Err(_) => errors += 1,
+            }
+        }
+        assert!(lists > 200 && errors > 200, "{lists} lists, {errors} errors");
+    }
+}
+

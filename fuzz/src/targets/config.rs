@@ -196,6 +196,21 @@ pub fn run(data: &[u8]) {
     check(&config);
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn many_inputs_parse() {
+        let t = crate::targets::find("config").unwrap();
+        let parsed = (0..2000)
+            .map(|case| crate::driver::input_for(t, 1, case))
+            .filter(|i| Config::parse(&String::from_utf8_lossy(i)).is_ok())
+            .count();
+        assert!(parsed > 200, "{parsed} of 2000 parse");
+    }
+}
+
 /// Everything that reads a parsed config's values, as create and the
 /// supervisor read them.
 fn check(config: &Config) {

@@ -218,7 +218,7 @@ pub fn generate(u: &mut Unstructured) -> arbitrary::Result<Vec<u8>> {
             frames.push(bytes);
         }
     }
-    if u.ratio(3, 4)? {
+    if u.ratio(1, 2)? {
         let others: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         crate::mutate::mutate(u, &mut wire, DICT, &others)?;
     }
@@ -363,5 +363,33 @@ pub fn run(data: &[u8]) {
             assert_eq!(e.to_string(), d.to_string());
         }
         e => panic!("unexpected end of a byte stream: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn many_inputs_carry_guest_messages() {
+        let t = crate::targets::find("protocol").unwrap();
+        let mut messages = 0;
+        let mut violations = 0;
+        for case in 0..2000 {
+            let input = crate::driver::input_for(t, 1, case);
+            let mut d = Decoder::default();
+            d.push(&input);
+            loop {
+                match d.next_frame() {
+                    Ok(Some(f)) => messages += usize::from(f.parse_control::<GuestMessage>().is_ok()),
+                    Ok(None) => break,
+                    Err(_) => {
+                        violations += 1;
+                        break;
+                    }
+                }
+            }
+        }
+        assert!(messages > 800 && violations > 200, "{messages} messages, {violations} violations");
     }
 }

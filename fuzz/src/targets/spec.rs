@@ -32,7 +32,8 @@ const BUNDLE: &str = "/fuzz/bundle";
 
 #[derive(Arbitrary, Debug)]
 struct ProcessIn {
-    args: Option<Vec<Text>>,
+    /// The first argument and the rest: never empty but by an edit.
+    args: Option<(Text, Vec<Text>)>,
     cwd: Option<Text>,
     uid: Option<Int>,
     gid: Option<Int>,
@@ -64,7 +65,7 @@ struct ResourcesIn {
 #[derive(Arbitrary, Debug)]
 struct LinuxIn {
     namespaces: Option<Vec<(u8, Option<Text>)>>,
-    resources: Option<ResourcesIn>,
+    resources: ResourcesIn,
     cgroups_path: Option<Text>,
     uid_mappings: Vec<(Int, Int, Int)>,
 }
@@ -84,13 +85,31 @@ enum Op {
     Insert(Key, Leaf),
 }
 
+/// `ociVersion`: mostly one that is supported.
+#[derive(Arbitrary, Debug)]
+enum Version {
+    Supported(u8),
+    Any(Text),
+}
+
+impl Version {
+    fn json(&self) -> Value {
+        const KNOWN: &[&str] = &["1.0.2", "1.0.0", "1.1.0", "1.2.1", "1.", "1.0.2-dev", "1.0.2+x"];
+        match self {
+            Version::Supported(i) => json!(KNOWN[usize::from(*i) % KNOWN.len()]),
+            Version::Any(t) => t.json(),
+        }
+    }
+}
+
 #[derive(Arbitrary, Debug)]
 struct Input {
-    version: Option<Text>,
+    version: Option<Version>,
     process: Option<ProcessIn>,
     root: Option<(Text, Option<bool>)>,
     mounts: Vec<MountIn>,
-    linux: Option<LinuxIn>,
+    /// Present unless an edit removes it: it holds what `plan` reads.
+    linux: LinuxIn,
     annotations: Vec<(Key, Text)>,
     hooks: bool,
     default_vcpus: Option<u32>,
@@ -139,7 +158,7 @@ impl Input {
             "ociVersion".into(),
             self.version
                 .as_ref()
-                .map_or_else(|| json!("1.0.2"), Text::json),
+                .map_or_else(|| json!("1.0.2"), Version::json),
         );
         let mut process = Map::new();
         let p = self.process.as_ref();
@@ -147,7 +166,14 @@ impl Input {
             "args".into(),
             p.and_then(|p| p.args.as_ref()).map_or_else(
                 || json!(["true"]),
-                |a| Value::Array(a.iter().map(Text::json).collect()),
+                |(first, rest)| {
+                    Value::Array(
+                        std::iter::once(first)
+                            .chain(rest)
+                            .map(Text::json)
+                            .collect(),
+                    )
+                },
             ),
         );
         process.insert(
@@ -208,7 +234,8 @@ impl Input {
             })
             .collect();
         spec.insert("mounts".into(), Value::Array(mounts));
-        if let Some(l) = &self.linux {
+        {
+            let l = &self.linux;
             let mut linux = Map::new();
             opt(
                 &mut linux,
@@ -227,11 +254,7 @@ impl Input {
                         .collect()
                 }),
             );
-            opt(
-                &mut linux,
-                "resources",
-                l.resources.as_ref().map(ResourcesIn::json),
-            );
+            linux.insert("resources".into(), l.resources.json());
             opt(
                 &mut linux,
                 "cgroupsPath",
@@ -262,7 +285,8 @@ impl Input {
             );
         }
         let mut v = Value::Object(spec);
-        for e in &self.edits {
+        // A few edits: each one mostly breaks the spec.
+        for e in self.edits.iter().take(3) {
             edit(&mut v, &e.path[..e.path.len().min(8)], &e.op);
         }
         v
@@ -314,14 +338,28 @@ pub fn generate(u: &mut Unstructured) -> arbitrary::Result<Vec<u8>> {
 }
 
 pub fn run(data: &[u8]) {
+    let _ = reach(data);
+}
+
+/// How far an input got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    /// Not a spec.
+    Rejected,
+    /// A spec that `plan` refused, naming the field.
+    Refused,
+    /// A spec planned into a VM.
+    Planned,
+}
+
+fn reach(data: &[u8]) -> Depth {
     // A config.json as it is (a regression case written by hand).
     if data.first() == Some(&b'{') {
-        check(data, &Config::default(), None);
-        return;
+        return check(data, &Config::default(), None);
     }
     let mut u = Unstructured::new(data);
     let Ok(input) = Input::arbitrary(&mut u) else {
-        return;
+        return Depth::Rejected;
     };
     let mut text = input.json().to_string().into_bytes();
     if input.mutate_bytes {
@@ -339,15 +377,15 @@ pub fn run(data: &[u8]) {
     let update = input.update.as_ref().and_then(|r| {
         serde_json::from_value::<LinuxResources>(r.json()).ok()
     });
-    check(&text, &config, update.as_ref());
+    check(&text, &config, update.as_ref())
 }
 
 /// Feeds one config.json text through everything the microvm tier does
 /// with it before the VM boots, and checks what `plan` promises.
-pub fn check(text: &[u8], config: &Config, update: Option<&LinuxResources>) {
+pub fn check(text: &[u8], config: &Config, update: Option<&LinuxResources>) -> Depth {
     let bundle = Path::new(BUNDLE);
     let Ok(spec) = Bundle::parse_spec(&bundle.join("config.json"), text) else {
-        return;
+        return Depth::Rejected;
     };
     let annotations = spec.annotations().as_ref();
     let _ = config.select_isolation(None, annotations);
@@ -361,7 +399,7 @@ pub fn check(text: &[u8], config: &Config, update: Option<&LinuxResources>) {
         Err(e) => {
             let msg = e.to_string();
             assert!(msg.contains(": "), "an error that names nothing: {msg}");
-            return;
+            return Depth::Refused;
         }
     };
 
@@ -443,5 +481,24 @@ pub fn check(text: &[u8], config: &Config, update: Option<&LinuxResources>) {
         Ok(HostMessage::Create { spec }) => assert!(*spec == p.spec, "the guest reads another spec"),
         Ok(other) => panic!("Create decodes as {other:?}"),
         Err(e) => panic!("the guest cannot decode the Create message: {e}"),
+    }
+    Depth::Planned
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn most_inputs_reach_the_plan() {
+        let t = crate::targets::find("spec").unwrap();
+        let mut counts = [0usize; 3];
+        for case in 0..2000 {
+            let depth = reach(&crate::driver::input_for(t, 1, case));
+            counts[depth as usize] += 1;
+        }
+        // Rejected, refused, planned.
+        assert!(counts[2] > 500, "{counts:?}");
+        assert!(counts[1] > 20, "{counts:?}");
     }
 }
