@@ -6,7 +6,9 @@
 //! - `spec`: a bundle's config.json, through to the microVM plan;
 //! - `config`: `/etc/agentvm/config.toml` and what reads its values;
 //! - `annotations`: the `io.agentvm.isolation` and `io.agentvm.egress`
-//!   values.
+//!   values;
+//! - `dns_relay`: the host-side DNS relay's table, which the guest's
+//!   queries fill.
 //!
 //! `cargo test` runs each target for a bounded number of cases and replays
 //! `regressions/<target>/*`; the `agentvm-fuzz` binary (`make fuzz`) runs
@@ -78,6 +80,11 @@ mod tests {
     #[test]
     fn annotations_bounded() {
         bounded("annotations", 5000);
+    }
+
+    #[test]
+    fn dns_relay_bounded() {
+        bounded("dns_relay", 5000);
     }
 
     #[test]

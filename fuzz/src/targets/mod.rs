@@ -8,6 +8,7 @@ use arbitrary::Unstructured;
 
 pub mod annotations;
 pub mod config;
+pub mod dns_relay;
 pub mod protocol;
 pub mod spec;
 pub mod values;
@@ -43,6 +44,12 @@ pub const TARGETS: &[Target] = &[
         about: "config.toml and what reads its values (tier, egress, VM size, boot timeout)",
         generate: config::generate,
         run: config::run,
+    },
+    Target {
+        name: "dns_relay",
+        about: "the host-side DNS relay's table: guest queries and the answers matched back",
+        generate: dns_relay::generate,
+        run: dns_relay::run,
     },
     Target {
         name: "annotations",

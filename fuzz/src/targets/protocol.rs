@@ -256,6 +256,11 @@ fn consume(frame: &Frame, log: &mut GuestLog, now: Instant) {
     let Ok(msg) = frame.parse_control::<GuestMessage>() else {
         return;
     };
+    // What was read means the same when written again.
+    match Frame::control(&msg).parse_control::<GuestMessage>() {
+        Ok(again) => assert_eq!(again, msg, "a guest message changes when re-encoded"),
+        Err(e) => panic!("a decoded guest message does not decode again: {e}"),
+    }
     let message = match &msg {
         GuestMessage::Log { level, message } => {
             let _ = log.accept(now, level, message);
