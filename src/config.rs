@@ -277,11 +277,23 @@ mod tests {
     #[test]
     fn microvm_numbers_no_vm_could_use_are_refused() {
         for (text, key) in [
-            ("[microvm]\ndefault_memory_mib = 0\n", "microvm.default_memory_mib = 0"),
-            ("[microvm]\ndefault_memory_mib = 18446744073709551615\n", "default_memory_mib"),
-            ("[microvm]\nboot_timeout_secs = 0\n", "microvm.boot_timeout_secs = 0"),
+            (
+                "[microvm]\ndefault_memory_mib = 0\n",
+                "microvm.default_memory_mib = 0",
+            ),
+            (
+                "[microvm]\ndefault_memory_mib = 18446744073709551615\n",
+                "default_memory_mib",
+            ),
+            (
+                "[microvm]\nboot_timeout_secs = 0\n",
+                "microvm.boot_timeout_secs = 0",
+            ),
             // Once a panic in the supervisor (the deadline overflowed Instant).
-            ("microvm.boot_timeout_secs = 0x7fffffffffffffff\n", "boot_timeout_secs"),
+            (
+                "microvm.boot_timeout_secs = 0x7fffffffffffffff\n",
+                "boot_timeout_secs",
+            ),
         ] {
             let err = Config::parse(text).unwrap_err();
             assert!(err.contains(key), "{text:?}: {err}");

@@ -43,7 +43,11 @@ pub struct Crash {
 impl fmt::Display for Crash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.case {
-            Some(n) => write!(f, "target {} crashed at case {n}: {}", self.target, self.message),
+            Some(n) => write!(
+                f,
+                "target {} crashed at case {n}: {}",
+                self.target, self.message
+            ),
             None => write!(f, "target {} crashed: {}", self.target, self.message),
         }
     }
@@ -169,7 +173,10 @@ pub fn regression_files(target: &str) -> Result<Vec<PathBuf>, DriverError> {
 }
 
 /// Replays files (or every file in directories) through a target.
-pub fn replay(target: &'static Target, paths: &[PathBuf]) -> Result<Vec<(PathBuf, Result<(), String>)>, DriverError> {
+pub fn replay(
+    target: &'static Target,
+    paths: &[PathBuf],
+) -> Result<Vec<(PathBuf, Result<(), String>)>, DriverError> {
     let mut files = Vec::new();
     for p in paths {
         if p.is_dir() {

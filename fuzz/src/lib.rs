@@ -91,10 +91,7 @@ mod tests {
     fn a_run_is_a_function_of_its_seed() {
         for t in TARGETS {
             for case in [0, 1, 77] {
-                assert_eq!(
-                    driver::input_for(t, 5, case),
-                    driver::input_for(t, 5, case)
-                );
+                assert_eq!(driver::input_for(t, 5, case), driver::input_for(t, 5, case));
             }
             assert_ne!(driver::input_for(t, 5, 3), driver::input_for(t, 6, 3));
         }

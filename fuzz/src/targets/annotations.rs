@@ -105,12 +105,16 @@ fn tail(port: Option<u16>, udp: Option<bool>) -> String {
 }
 
 fn masked4(a: [u8; 4], prefix: u8) -> Ipv4Addr {
-    let m = u32::MAX.checked_shl(32u32.saturating_sub(u32::from(prefix))).unwrap_or(0);
+    let m = u32::MAX
+        .checked_shl(32u32.saturating_sub(u32::from(prefix)))
+        .unwrap_or(0);
     Ipv4Addr::from(u32::from_be_bytes(a) & m)
 }
 
 fn masked6(a: [u8; 16], prefix: u8) -> Ipv6Addr {
-    let m = u128::MAX.checked_shl(128u32.saturating_sub(u32::from(prefix))).unwrap_or(0);
+    let m = u128::MAX
+        .checked_shl(128u32.saturating_sub(u32::from(prefix)))
+        .unwrap_or(0);
     Ipv6Addr::from(u128::from_be_bytes(a) & m)
 }
 
@@ -267,7 +271,10 @@ fn check_isolation(value: &str) {
     }
     // The flag wins over any annotation, even a bad one.
     let flag = Config::default().select_isolation(Some(Isolation::Container), Some(&ann));
-    assert!(matches!(flag, Ok((Isolation::Container, IsolationSource::Flag))));
+    assert!(matches!(
+        flag,
+        Ok((Isolation::Container, IsolationSource::Flag))
+    ));
 }
 
 fn check_policy(text: &str) {
@@ -301,7 +308,11 @@ fn check_policy(text: &str) {
             let s = r.to_string();
             // Rules are pasted into nft comments: nothing that ends one.
             assert!(
-                !s.contains(|c: char| c == '"' || c == '\\' || c == ';' || c.is_whitespace() || c.is_control()),
+                !s.contains(|c: char| c == '"'
+                    || c == '\\'
+                    || c == ';'
+                    || c.is_whitespace()
+                    || c.is_control()),
                 "rule {s:?} is not nft-safe"
             );
         }
@@ -356,7 +367,9 @@ mod tests {
                 Err(_) => errors += 1,
             }
         }
-        assert!(lists > 200 && errors > 200, "{lists} lists, {errors} errors");
+        assert!(
+            lists > 200 && errors > 200,
+            "{lists} lists, {errors} errors"
+        );
     }
 }
-

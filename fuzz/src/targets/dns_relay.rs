@@ -24,10 +24,20 @@ enum Op {
         listener: u8,
     },
     /// An answer to the `nth` id handed out, or to `id` when there is none.
-    Answer { nth: u16, id: u16, len: u16 },
+    Answer {
+        nth: u16,
+        id: u16,
+        len: u16,
+    },
     /// Many queries at once (past the in-flight limit).
-    Flood { count: u16, client: u16 },
-    Wait { ms: u16, long: bool },
+    Flood {
+        count: u16,
+        client: u16,
+    },
+    Wait {
+        ms: u16,
+        long: bool,
+    },
 }
 
 pub fn generate(u: &mut Unstructured) -> arbitrary::Result<Vec<u8>> {
@@ -62,7 +72,15 @@ struct Model {
 }
 
 impl Model {
-    fn query(&mut self, table: &mut Table, now: Instant, len: u16, id: u16, client: u16, listener: usize) {
+    fn query(
+        &mut self,
+        table: &mut Table,
+        now: Instant,
+        len: u16,
+        id: u16,
+        client: u16,
+        listener: usize,
+    ) {
         let mut d = datagram(len, id);
         let client = SocketAddr::from((Ipv4Addr::LOCALHOST, client));
         let sent = table.outbound(&mut d, client, listener, now).is_some();

@@ -105,7 +105,9 @@ enum Text {
 
 impl Text {
     fn string(&self) -> String {
-        const ODD: &[char] = &['\n', '\r', '\x1b', '\0', '\x7f', '\u{85}', '\u{2028}', '\u{202e}'];
+        const ODD: &[char] = &[
+            '\n', '\r', '\x1b', '\0', '\x7f', '\u{85}', '\u{2028}', '\u{202e}',
+        ];
         match self {
             Text::Any(s) => s.clone(),
             Text::Controls(b) => b
@@ -123,7 +125,11 @@ impl Text {
 
 #[derive(Arbitrary, Debug)]
 enum Seed {
-    Hello { current: bool, version: Num, kernel: Text },
+    Hello {
+        current: bool,
+        version: Num,
+        kernel: Text,
+    },
     Ok,
     Created(Num),
     Started(Num),
@@ -132,9 +138,16 @@ enum Seed {
     Error(Text),
     Exit(Num, Num),
     Log(u8, Text),
-    Data { kind: u8, stream: Num, payload: Vec<u8> },
+    Data {
+        kind: u8,
+        stream: Num,
+        payload: Vec<u8>,
+    },
     /// A data frame near the payload limit.
-    Big { kind: u8, extra: u8 },
+    Big {
+        kind: u8,
+        extra: u8,
+    },
 }
 
 fn kind_of(b: u8) -> Kind {
@@ -182,13 +195,16 @@ fn frame_of(seed: &Seed) -> Frame {
                 pids: n[5].u64(),
             },
         }),
-        Seed::Error(m) => GuestMessage::Reply(Reply::Error { message: m.string() }),
+        Seed::Error(m) => GuestMessage::Reply(Reply::Error {
+            message: m.string(),
+        }),
         Seed::Exit(id, status) => GuestMessage::Exit {
             id: id.u32(),
             status: status.i32(),
         },
         Seed::Log(level, message) => GuestMessage::Log {
-            level: ["error", "warn", "info", "debug", "trace", "\x1b[31m", ""][usize::from(*level) % 7]
+            level: ["error", "warn", "info", "debug", "trace", "\x1b[31m", ""]
+                [usize::from(*level) % 7]
                 .to_string(),
             message: message.string(),
         },
@@ -357,7 +373,10 @@ pub fn run(data: &[u8]) {
         }
         ProtocolError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
             // A frame cut short: the decoder waits for the rest.
-            assert!(left > 0 && decode_err.is_none(), "eof: {left} {decode_err:?}");
+            assert!(
+                left > 0 && decode_err.is_none(),
+                "eof: {left} {decode_err:?}"
+            );
         }
         e if e.is_violation() => {
             assert!(left >= HEADER_LEN, "a violation in {left} bytes");
@@ -386,7 +405,9 @@ mod tests {
             d.push(&input);
             loop {
                 match d.next_frame() {
-                    Ok(Some(f)) => messages += usize::from(f.parse_control::<GuestMessage>().is_ok()),
+                    Ok(Some(f)) => {
+                        messages += usize::from(f.parse_control::<GuestMessage>().is_ok())
+                    }
                     Ok(None) => break,
                     Err(_) => {
                         violations += 1;
@@ -395,6 +416,9 @@ mod tests {
                 }
             }
         }
-        assert!(messages > 800 && violations > 200, "{messages} messages, {violations} violations");
+        assert!(
+            messages > 800 && violations > 200,
+            "{messages} messages, {violations} violations"
+        );
     }
 }

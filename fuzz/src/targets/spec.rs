@@ -94,7 +94,15 @@ enum Version {
 
 impl Version {
     fn json(&self) -> Value {
-        const KNOWN: &[&str] = &["1.0.2", "1.0.0", "1.1.0", "1.2.1", "1.", "1.0.2-dev", "1.0.2+x"];
+        const KNOWN: &[&str] = &[
+            "1.0.2",
+            "1.0.0",
+            "1.1.0",
+            "1.2.1",
+            "1.",
+            "1.0.2-dev",
+            "1.0.2+x",
+        ];
         match self {
             Version::Supported(i) => json!(KNOWN[usize::from(*i) % KNOWN.len()]),
             Version::Any(t) => t.json(),
@@ -132,7 +140,11 @@ fn opt(map: &mut Map<String, Value>, key: &str, v: Option<Value>) {
 impl ResourcesIn {
     fn json(&self) -> Value {
         let mut memory = Map::new();
-        opt(&mut memory, "limit", self.memory_limit.as_ref().map(Int::json));
+        opt(
+            &mut memory,
+            "limit",
+            self.memory_limit.as_ref().map(Int::json),
+        );
         opt(&mut memory, "swap", self.swap.as_ref().map(Int::json));
         let mut cpu = Map::new();
         opt(&mut cpu, "quota", self.quota.as_ref().map(Int::json));
@@ -167,12 +179,7 @@ impl Input {
             p.and_then(|p| p.args.as_ref()).map_or_else(
                 || json!(["true"]),
                 |(first, rest)| {
-                    Value::Array(
-                        std::iter::once(first)
-                            .chain(rest)
-                            .map(Text::json)
-                            .collect(),
-                    )
+                    Value::Array(std::iter::once(first).chain(rest).map(Text::json).collect())
                 },
             ),
         );
@@ -374,9 +381,10 @@ fn reach(data: &[u8]) -> Depth {
         },
         ..Default::default()
     };
-    let update = input.update.as_ref().and_then(|r| {
-        serde_json::from_value::<LinuxResources>(r.json()).ok()
-    });
+    let update = input
+        .update
+        .as_ref()
+        .and_then(|r| serde_json::from_value::<LinuxResources>(r.json()).ok());
     check(&text, &config, update.as_ref())
 }
 
@@ -455,12 +463,12 @@ pub fn check(text: &[u8], config: &Config, update: Option<&LinuxResources>) -> D
     // What runs on the host or joins host objects is gone.
     assert!(p.spec.hooks().is_none(), "hooks reach the guest");
     if let Some(linux) = p.spec.linux() {
-        assert_eq!(
-            linux.cgroups_path().as_deref(),
-            Some(Path::new("/agentvm"))
-        );
+        assert_eq!(linux.cgroups_path().as_deref(), Some(Path::new("/agentvm")));
         if let Some(nss) = linux.namespaces() {
-            assert!(nss.iter().all(|n| n.path().is_none()), "a host namespace path");
+            assert!(
+                nss.iter().all(|n| n.path().is_none()),
+                "a host namespace path"
+            );
             assert!(nss.iter().any(|n| n.typ() == LinuxNamespaceType::Cgroup));
         }
         if let Some(r) = linux.resources() {
@@ -478,7 +486,9 @@ pub fn check(text: &[u8], config: &Config, update: Option<&LinuxResources>) -> D
     });
     assert!(!frame.payload.is_empty(), "the spec does not serialize");
     match frame.parse_control::<HostMessage>() {
-        Ok(HostMessage::Create { spec }) => assert!(*spec == p.spec, "the guest reads another spec"),
+        Ok(HostMessage::Create { spec }) => {
+            assert!(*spec == p.spec, "the guest reads another spec")
+        }
         Ok(other) => panic!("Create decodes as {other:?}"),
         Err(e) => panic!("the guest cannot decode the Create message: {e}"),
     }

@@ -130,7 +130,9 @@ impl Text {
             Text::Pick(i) => STRINGS[usize::from(*i) % STRINGS.len()].to_string(),
             Text::Any(s) => s.clone(),
             Text::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
-            Text::Repeat(i, n) => PIECES[usize::from(*i) % PIECES.len()].repeat(usize::from(*n) % 3000),
+            Text::Repeat(i, n) => {
+                PIECES[usize::from(*i) % PIECES.len()].repeat(usize::from(*n) % 3000)
+            }
         }
     }
 

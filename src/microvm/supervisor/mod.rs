@@ -360,9 +360,9 @@ fn handshake(
 ) -> Result<UnixStream, SupervisorError> {
     // The timeout is bounded (config.rs), but a deadline past what an
     // Instant holds must not panic the supervisor.
-    let deadline = Instant::now()
-        .checked_add(timeout)
-        .unwrap_or_else(|| Instant::now() + Duration::from_secs(crate::config::MAX_BOOT_TIMEOUT_SECS));
+    let deadline = Instant::now().checked_add(timeout).unwrap_or_else(|| {
+        Instant::now() + Duration::from_secs(crate::config::MAX_BOOT_TIMEOUT_SECS)
+    });
     let timed_out = |detail: &str| SupervisorError::BootTimeout {
         secs: timeout.as_secs(),
         detail: detail.to_string(),
