@@ -10,7 +10,7 @@ CARGO_PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
 export AGENTVM_COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
-.PHONY: all build deps kernel kernel-test virtiofsd install demo test lint unit-test integration-test conformance bench clean
+.PHONY: all build deps kernel kernel-test virtiofsd install demo test lint unit-test fuzz fuzz-test integration-test conformance bench clean
 
 KERNEL_DEST := $(DESTDIR)$(PREFIX)/share/agentvm/vmlinux
 
@@ -40,8 +40,24 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets $(CARGO_PROFILE_FLAG) -- -D warnings
 
+# Also runs each fuzz target for a bounded number of cases and replays
+# fuzz/regressions/ (the agentvm-fuzz crate's tests; docs/fuzzing.md).
 unit-test:
 	$(CARGO) test --locked $(CARGO_PROFILE_FLAG) --workspace --bins --lib
+
+# Fuzzing on stable Rust (docs/fuzzing.md): every target for FUZZ_SECONDS
+# each, in the `fuzz` profile (optimised, overflow checks on, panics caught).
+# A crash saves its input under fuzz/crashes/ and fails the target.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGET  ?= all
+FUZZ_SEED    ?=
+fuzz:
+	$(CARGO) run --locked --profile fuzz -p agentvm-fuzz -- --target $(FUZZ_TARGET) \
+		--time $(FUZZ_SECONDS) $(if $(FUZZ_SEED),--seed $(FUZZ_SEED),)
+
+# Just the bounded fuzz run and the regression corpus (part of unit-test).
+fuzz-test:
+	$(CARGO) test --locked $(CARGO_PROFILE_FLAG) -p agentvm-fuzz --lib
 
 integration-test: build
 	$(CARGO) test --locked $(CARGO_PROFILE_FLAG) -p agentvm --tests -- --test-threads=2

@@ -81,34 +81,7 @@ impl Bundle {
             path: config.clone(),
             source,
         })?;
-        // Two passes: first "is it JSON at all", then "is it a runtime
-        // config", so the message says which of the two went wrong.
-        let value: serde_json::Value =
-            serde_json::from_slice(&text).map_err(|source| BundleError::NotJson {
-                path: config.clone(),
-                source,
-            })?;
-        // The fields whose absence users hit most get their own message
-        // before the generic "not a valid runtime config".
-        let process = value
-            .get("process")
-            .filter(|p| !p.is_null())
-            .ok_or_else(|| BundleError::Missing(config.clone(), "process"))?;
-        if process
-            .get("args")
-            .and_then(|a| a.as_array())
-            .is_none_or(|a| a.is_empty())
-        {
-            return Err(BundleError::EmptyArgs(config));
-        }
-        let spec: Spec =
-            serde_json::from_value(value).map_err(|source| BundleError::InvalidSpec {
-                path: config.clone(),
-                source,
-            })?;
-        if !spec.version().starts_with("1.") {
-            return Err(BundleError::Version(config, spec.version().clone()));
-        }
+        let spec = Self::parse_spec(&config, &text)?;
         let root = spec
             .root()
             .as_ref()
@@ -128,6 +101,43 @@ impl Bundle {
             spec,
             rootfs,
         })
+    }
+
+    /// Parses the text of `config` (a bundle's config.json) into a spec,
+    /// with the checks `load` makes before it looks at the filesystem.
+    pub fn parse_spec(config: &Path, text: &[u8]) -> Result<Spec, BundleError> {
+        // Two passes: first "is it JSON at all", then "is it a runtime
+        // config", so the message says which of the two went wrong.
+        let value: serde_json::Value =
+            serde_json::from_slice(text).map_err(|source| BundleError::NotJson {
+                path: config.to_path_buf(),
+                source,
+            })?;
+        // The fields whose absence users hit most get their own message
+        // before the generic "not a valid runtime config".
+        let process = value
+            .get("process")
+            .filter(|p| !p.is_null())
+            .ok_or_else(|| BundleError::Missing(config.to_path_buf(), "process"))?;
+        if process
+            .get("args")
+            .and_then(|a| a.as_array())
+            .is_none_or(|a| a.is_empty())
+        {
+            return Err(BundleError::EmptyArgs(config.to_path_buf()));
+        }
+        let spec: Spec =
+            serde_json::from_value(value).map_err(|source| BundleError::InvalidSpec {
+                path: config.to_path_buf(),
+                source,
+            })?;
+        if !spec.version().starts_with("1.") {
+            return Err(BundleError::Version(
+                config.to_path_buf(),
+                spec.version().clone(),
+            ));
+        }
+        Ok(spec)
     }
 }
 

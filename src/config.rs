@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +20,14 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentvm/config.toml";
 
 /// OCI annotation that picks the tier of one container.
 pub const ISOLATION_ANNOTATION: &str = "io.agentvm.isolation";
+
+/// Largest `microvm.default_memory_mib` (16 TiB): a VM's size in bytes
+/// must be a number the VMM can take.
+pub const MAX_MEMORY_MIB: u64 = 16 << 20;
+/// `microvm.boot_timeout_secs` when the file sets none.
+pub const DEFAULT_BOOT_TIMEOUT_SECS: u64 = 120;
+/// Largest `microvm.boot_timeout_secs` (a day).
+pub const MAX_BOOT_TIMEOUT_SECS: u64 = 24 * 60 * 60;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -137,6 +146,38 @@ pub struct MicrovmConfig {
     pub guest_agent: Option<PathBuf>,
 }
 
+impl MicrovmConfig {
+    /// Refuses values that parse but that no VM could use, naming the key:
+    /// found by the `config` fuzz target (docs/fuzzing.md).
+    fn validate(&self) -> Result<(), String> {
+        use crate::microvm::spec::MIN_MEMORY_MIB;
+        if let Some(m) = self.default_memory_mib {
+            if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&m) {
+                return Err(format!(
+                    "microvm.default_memory_mib = {m}: must be {MIN_MEMORY_MIB} to {MAX_MEMORY_MIB} (MiB)"
+                ));
+            }
+        }
+        if let Some(t) = self.boot_timeout_secs {
+            if !(1..=MAX_BOOT_TIMEOUT_SECS).contains(&t) {
+                return Err(format!(
+                    "microvm.boot_timeout_secs = {t}: must be 1 to {MAX_BOOT_TIMEOUT_SECS} (seconds)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// How long the supervisor waits for the guest agent's hello.
+    pub fn boot_timeout(&self) -> Duration {
+        Duration::from_secs(
+            self.boot_timeout_secs
+                .unwrap_or(DEFAULT_BOOT_TIMEOUT_SECS)
+                .clamp(1, MAX_BOOT_TIMEOUT_SECS),
+        )
+    }
+}
+
 impl Config {
     /// Loads the config file. The default path may be absent; a path the
     /// user named explicitly must exist.
@@ -155,8 +196,12 @@ impl Config {
         Self::parse(&text).map_err(|message| ConfigError::Parse { path, message })
     }
 
-    fn parse(text: &str) -> Result<Config, String> {
-        toml::from_str(text).map_err(|e| e.message().to_string())
+    /// Parses the text of a config file; the error is the parser's message
+    /// (the caller names the file). Public for the fuzz targets.
+    pub fn parse(text: &str) -> Result<Config, String> {
+        let config: Config = toml::from_str(text).map_err(|e| e.message().to_string())?;
+        config.microvm.validate()?;
+        Ok(config)
     }
 
     /// Picks the tier for a container, following the documented precedence.
@@ -227,6 +272,35 @@ mod tests {
         assert_eq!(c.microvm.kernel, Some(PathBuf::from("/k")));
         assert!(Config::parse("isolaton = \"container\"").is_err());
         assert!(Config::parse("isolation = \"vm\"").is_err());
+    }
+
+    #[test]
+    fn microvm_numbers_no_vm_could_use_are_refused() {
+        for (text, key) in [
+            (
+                "[microvm]\ndefault_memory_mib = 0\n",
+                "microvm.default_memory_mib = 0",
+            ),
+            (
+                "[microvm]\ndefault_memory_mib = 18446744073709551615\n",
+                "too large",
+            ),
+            (
+                "[microvm]\nboot_timeout_secs = 0\n",
+                "microvm.boot_timeout_secs = 0",
+            ),
+            // Once a panic in the supervisor (the deadline overflowed Instant).
+            (
+                "microvm.boot_timeout_secs = 0x7fffffffffffffff\n",
+                "boot_timeout_secs",
+            ),
+        ] {
+            let err = Config::parse(text).unwrap_err();
+            assert!(err.contains(key), "{text:?}: {err}");
+        }
+        let ok = Config::parse("[microvm]\ndefault_memory_mib = 128\n").unwrap();
+        assert_eq!(ok.microvm.default_memory_mib, Some(128));
+        assert_eq!(ok.microvm.boot_timeout(), Duration::from_secs(120));
     }
 
     #[test]

@@ -287,6 +287,11 @@ impl fmt::Display for Rule {
                 (_, true) => write!(f, "{addr}:{p}")?,
                 (_, false) => write!(f, "{addr}/{prefix}:{p}")?,
             },
+            // A host called `allow` or `deny` keeps the dot that tells it
+            // from the keyword (found by the `annotations` fuzz target).
+            (Target::Name(n), None) if is_keyword(n) && self.proto == Proto::Tcp => {
+                write!(f, "{n}.")?
+            }
             (Target::Name(n), None) => write!(f, "{n}")?,
             (Target::Name(n), Some(p)) => write!(f, "{n}:{p}")?,
             (Target::Below(n), None) => write!(f, "*.{n}")?,
@@ -299,15 +304,21 @@ impl fmt::Display for Rule {
     }
 }
 
+/// Whether `s` is `allow` or `deny`, in any case.
+fn is_keyword(s: &str) -> bool {
+    s.eq_ignore_ascii_case("allow") || s.eq_ignore_ascii_case("deny")
+}
+
 impl FromStr for Policy {
     type Err = PolicyError;
 
     fn from_str(text: &str) -> Result<Policy, PolicyError> {
         let text = text.trim();
+        // The keywords in any case: `DENY` is not a host called `deny`.
         match text {
             "" => Err(PolicyError::Empty),
-            "allow" => Ok(Policy::Allow),
-            "deny" => Ok(Policy::Deny),
+            t if t.eq_ignore_ascii_case("allow") => Ok(Policy::Allow),
+            t if t.eq_ignore_ascii_case("deny") => Ok(Policy::Deny),
             list => {
                 let mut rules = Vec::new();
                 for item in list.split(',') {
@@ -315,7 +326,7 @@ impl FromStr for Policy {
                     if item.is_empty() {
                         return Err(bad(list, "an empty item between commas"));
                     }
-                    if item == "allow" || item == "deny" {
+                    if is_keyword(item) {
                         return Err(bad(item, "allow and deny stand alone, not in a list"));
                     }
                     rules.push(item.parse::<Rule>()?);
@@ -606,6 +617,26 @@ mod tests {
                 assert!(err.contains("egress rule"), "{bad:?}: {err}");
             }
         }
+    }
+
+    #[test]
+    fn keywords_in_any_case_are_keywords_and_hosts_so_named_keep_their_dot() {
+        assert_eq!(p("DENY"), Policy::Deny);
+        assert_eq!(p(" Allow "), Policy::Allow);
+        assert!("10.0.0.1,Deny".parse::<Policy>().is_err());
+        // A host named `deny` is written with its trailing dot, and shown so.
+        let host = p("deny.");
+        assert_eq!(
+            host,
+            Policy::List(vec![Rule {
+                target: Target::Name("deny".into()),
+                port: None,
+                proto: Proto::Tcp,
+            }])
+        );
+        assert_eq!(host.to_string(), "deny.");
+        assert_eq!(p(&host.to_string()), host);
+        assert_eq!(p("allow.:443").to_string(), "allow:443");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::protocol::{Frame, GuestMessage, HostMessage, Reply, VERSION};
 use crate::state::process_start_time;
 
-mod guest_log;
+pub mod guest_log;
 pub mod jail;
 mod relays;
 mod serve;
@@ -269,7 +269,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         host.accel_reason
     );
     let mut vm = backend.launch(&config)?;
-    let timeout = Duration::from_secs(args.config.microvm.boot_timeout_secs.unwrap_or(120));
+    let timeout = args.config.microvm.boot_timeout();
     let mut guest_log = guest_log::GuestLog::new(Instant::now());
     let handshaken = handshake(
         &listener,
@@ -381,7 +381,11 @@ fn handshake(
     console: &Path,
     log: &mut guest_log::GuestLog,
 ) -> Result<UnixStream, SupervisorError> {
-    let deadline = Instant::now() + timeout;
+    // The timeout is bounded (config.rs), but a deadline past what an
+    // Instant holds must not panic the supervisor.
+    let deadline = Instant::now().checked_add(timeout).unwrap_or_else(|| {
+        Instant::now() + Duration::from_secs(crate::config::MAX_BOOT_TIMEOUT_SECS)
+    });
     let timed_out = |detail: &str| SupervisorError::BootTimeout {
         secs: timeout.as_secs(),
         detail: detail.to_string(),

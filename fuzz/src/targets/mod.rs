@@ -1,0 +1,72 @@
+//! The fuzz targets, one module each. A target turns random choices into an
+//! input (`generate`) and feeds an input to the real parser and to what
+//! consumes its result (`run`). `run` must return, without panicking and
+//! quickly, for every input: a panic, including a failed check of a
+//! property the parser promises, is a crash.
+
+use arbitrary::Unstructured;
+
+pub mod annotations;
+pub mod config;
+pub mod dns_relay;
+pub mod protocol;
+pub mod spec;
+pub mod values;
+
+/// One fuzz target.
+pub struct Target {
+    /// Its name on the command line and under `regressions/`.
+    pub name: &'static str,
+    /// What it covers, for `--list`.
+    pub about: &'static str,
+    /// Builds one input from random choices.
+    pub generate: fn(&mut Unstructured) -> arbitrary::Result<Vec<u8>>,
+    /// Runs one input.
+    pub run: fn(&[u8]),
+}
+
+/// Every target, in the order `--target all` runs them.
+pub const TARGETS: &[Target] = &[
+    Target {
+        name: "protocol",
+        about: "guest-to-host frames: both decoders, control messages, guest log lines",
+        generate: protocol::generate,
+        run: protocol::run,
+    },
+    Target {
+        name: "spec",
+        about: "config.json to OCI spec to the microVM plan and the Create message",
+        generate: spec::generate,
+        run: spec::run,
+    },
+    Target {
+        name: "config",
+        about: "config.toml and what reads its values (tier, egress, VM size, boot timeout)",
+        generate: config::generate,
+        run: config::run,
+    },
+    Target {
+        name: "dns_relay",
+        about: "the host-side DNS relay's table: guest queries and the answers matched back",
+        generate: dns_relay::generate,
+        run: dns_relay::run,
+    },
+    Target {
+        name: "annotations",
+        about: "io.agentvm.isolation and io.agentvm.egress values, locked narrowing, nft ruleset",
+        generate: annotations::generate,
+        run: annotations::run,
+    },
+];
+
+/// The target called `name`.
+pub fn find(name: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|t| t.name == name)
+}
+
+/// Random bytes as they are: the input of the structured targets, which
+/// read their structure out of them with `arbitrary`.
+pub fn raw(u: &mut Unstructured) -> arbitrary::Result<Vec<u8>> {
+    let n = u.len();
+    Ok(u.bytes(n)?.to_vec())
+}
