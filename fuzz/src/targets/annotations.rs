@@ -324,7 +324,10 @@ fn check_policy(text: &str) {
         };
         // One accept line per address rule, one per family for a name.
         let accepts = rs.lines().filter(|l| l.contains("counter accept")).count();
-        assert!(accepts <= 2 * rules, "{accepts} accept lines for {rules} rules");
+        assert!(
+            accepts <= 2 * rules,
+            "{accepts} accept lines for {rules} rules"
+        );
     }
 }
 
