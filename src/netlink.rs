@@ -45,6 +45,17 @@ pub enum NetlinkError {
 
 pub type Result<T> = std::result::Result<T, NetlinkError>;
 
+impl NetlinkError {
+    /// `Ok` when the kernel refused with `errno` (an entry that already
+    /// exists, or is already gone), else this error.
+    pub fn unless(self, errno: i32) -> Result<()> {
+        match &self {
+            NetlinkError::Kernel { source, .. } if source.raw_os_error() == Some(errno) => Ok(()),
+            _ => Err(self),
+        }
+    }
+}
+
 /// A link as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Link {
@@ -382,13 +393,8 @@ impl Netlink {
             RouteNetlinkMessage::NewRule(msg),
             NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
         )
-        .or_else(|e| match &e {
-            NetlinkError::Kernel { source, .. } if source.raw_os_error() == Some(libc::EEXIST) => {
-                Ok(Vec::new())
-            }
-            _ => Err(e),
-        })?;
-        Ok(())
+        .map(drop)
+        .or_else(|e| e.unless(libc::EEXIST))
     }
 
     pub fn del_rule(&mut self, v6: bool, fwmark: u32, table: u32, priority: u32) -> Result<()> {
@@ -410,13 +416,8 @@ impl Netlink {
             RouteNetlinkMessage::NewNeighbour(msg),
             NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
         )
-        .or_else(|e| match &e {
-            NetlinkError::Kernel { source, .. } if source.raw_os_error() == Some(libc::EEXIST) => {
-                Ok(Vec::new())
-            }
-            _ => Err(e),
-        })?;
-        Ok(())
+        .map(drop)
+        .or_else(|e| e.unless(libc::EEXIST))
     }
 
     /// A permanent neighbour entry: `addr` is at `mac` on link `index`.

@@ -149,10 +149,7 @@ pub fn restore(netns: &Path, entries: &[Restore], egress_rules: bool) {
             return;
         }
         if egress_rules {
-            let _ = apply_nft(&format!(
-                "table inet {0}\ndelete table inet {0}\n",
-                crate::egress::NFT_TABLE
-            ));
+            let _ = remove_egress_rules();
         }
         let Ok(mut nl) = Netlink::open() else {
             return;
@@ -217,10 +214,7 @@ impl Drop for Plumbed {
             }
         }
         if self.nft {
-            let _ = apply_nft(&format!(
-                "table inet {0}\ndelete table inet {0}\n",
-                crate::egress::NFT_TABLE
-            ));
+            let _ = remove_egress_rules();
         }
         if self.restore.is_empty() {
             return;
@@ -349,9 +343,7 @@ pub fn plumb(resolv_conf: Option<&str>, dns: DnsMode) -> Result<Plumbed, NetErro
                         addr: a.addr,
                     });
                 }
-                Err(NetlinkError::Kernel { source, .. })
-                    if source.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => e.unless(libc::ESRCH)?,
             }
             nl.add_route(&Route {
                 table: TABLE_MAIN,
@@ -495,6 +487,15 @@ pub fn spawn_resolver(
     super::vmm::die_with_parent(&mut cmd);
     super::vmm::inherit_below(&mut cmd, RESOLVER_FD as u32 + 1);
     cmd.spawn().map_err(io("start the egress resolver"))
+}
+
+/// Removes the egress rules' table from the calling thread's namespace
+/// (declaring it first, so a namespace without it is no error).
+fn remove_egress_rules() -> Result<(), NetError> {
+    apply_nft(&format!(
+        "table inet {0}\ndelete table inet {0}\n",
+        crate::egress::NFT_TABLE
+    ))
 }
 
 /// Where Debian installs nft; PATH is the fallback.

@@ -286,56 +286,34 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         }
     };
     if !plumbed.guest.interfaces.is_empty() {
-        let reply = serve::send_and_wait(
+        let network = HostMessage::Network {
+            network: plumbed.guest.clone(),
+        };
+        if let Err(e) = request(
             &mut guest,
-            &HostMessage::Network {
-                network: plumbed.guest.clone(),
-            },
+            &network,
+            "network",
             timeout,
             &mut guest_log,
-        );
-        match reply {
-            Ok(Reply::Ok) => {}
-            Ok(Reply::Error { message }) => {
-                vm.kill();
-                return Err(SupervisorError::Guest(message));
-            }
-            Ok(other) => {
-                vm.kill();
-                return Err(SupervisorError::Violation(format!(
-                    "unexpected reply to network: {other:?}"
-                )));
-            }
-            Err(e) => {
-                vm.kill();
-                return Err(e);
-            }
-        }
-    }
-    let reply = serve::send_and_wait(
-        &mut guest,
-        &HostMessage::Create {
-            spec: Box::new(plan.spec.clone()),
-        },
-        timeout,
-        &mut guest_log,
-    );
-    match reply {
-        Ok(Reply::Created { .. }) => {}
-        Ok(Reply::Error { message }) => {
-            vm.kill();
-            return Err(SupervisorError::Guest(message));
-        }
-        Ok(other) => {
-            vm.kill();
-            return Err(SupervisorError::Violation(format!(
-                "unexpected reply to create: {other:?}"
-            )));
-        }
-        Err(e) => {
+            |r| matches!(r, Reply::Ok),
+        ) {
             vm.kill();
             return Err(e);
         }
+    }
+    let create = HostMessage::Create {
+        spec: Box::new(plan.spec.clone()),
+    };
+    if let Err(e) = request(
+        &mut guest,
+        &create,
+        "create",
+        timeout,
+        &mut guest_log,
+        |r| matches!(r, Reply::Created { .. }),
+    ) {
+        vm.kill();
+        return Err(e);
     }
     // createContainer hooks resolve in the runtime's namespaces and run in
     // the container's: for a VM, the host side of those is the supervisor,
@@ -371,6 +349,26 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         guest_log,
         dns,
     })
+}
+
+/// Sends a boot request and waits for the reply `expected` accepts: the
+/// guest's own error, any other reply (a protocol violation) or no reply is
+/// an error.
+fn request(
+    guest: &mut UnixStream,
+    msg: &HostMessage,
+    what: &str,
+    timeout: Duration,
+    log: &mut guest_log::GuestLog,
+    expected: impl FnOnce(&Reply) -> bool,
+) -> Result<(), SupervisorError> {
+    match serve::send_and_wait(guest, msg, timeout, log)? {
+        r if expected(&r) => Ok(()),
+        Reply::Error { message } => Err(SupervisorError::Guest(message)),
+        other => Err(SupervisorError::Violation(format!(
+            "unexpected reply to {what}: {other:?}"
+        ))),
+    }
 }
 
 /// Waits for the VMM to connect the control port and the agent's Hello.
