@@ -111,6 +111,24 @@ pub struct Config {
     pub microvm: MicrovmConfig,
     #[serde(default)]
     pub egress: EgressConfig,
+    #[serde(default)]
+    pub audit: AuditConfig,
+}
+
+/// `[audit]`: where the audit trail goes (see `audit/`).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditConfig {
+    /// The host-wide audit file; default `/var/log/agentvm/audit.jsonl`.
+    pub path: Option<PathBuf>,
+}
+
+impl AuditConfig {
+    pub fn path(&self) -> PathBuf {
+        self.path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(crate::audit::DEFAULT_PATH))
+    }
 }
 
 /// `[egress]`: the host-wide egress policy (see `egress.rs`).

@@ -8,6 +8,7 @@
 //! this same binary booted as the VM's `/init` and reuses the container tier
 //! inside the guest.
 
+pub mod audit;
 pub mod bundle;
 pub mod cli;
 pub mod config;
