@@ -573,7 +573,7 @@ impl Proxy {
 
     fn deny(&self, dst: SocketAddr, name: Option<(String, NameSource)>, reason: String) {
         let key = format!("tcp {dst}");
-        self.trail.denied(&key, |suppressed| Event::Connection {
+        self.trail.limited(&key, |suppressed| Event::Connection {
             verdict: Verdict::Denied,
             rule: None,
             reason: Some(reason),

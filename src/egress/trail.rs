@@ -79,10 +79,10 @@ impl Trail {
         }
     }
 
-    /// Records a denial unless one for `key` (the destination) was
-    /// recorded less than [`DENY_INTERVAL`] ago; `event` gets the count of
-    /// those not recorded since.
-    pub fn denied(&self, key: &str, event: impl FnOnce(u64) -> Event) {
+    /// Records an event unless one for `key` (a denied destination, a
+    /// name) was recorded less than [`DENY_INTERVAL`] ago; `event` gets
+    /// the count of those not recorded since.
+    pub fn limited(&self, key: &str, event: impl FnOnce(u64) -> Event) {
         let admitted = match self.limiter.lock() {
             Ok(mut l) => l.admit(key, Instant::now()),
             Err(_) => None,
