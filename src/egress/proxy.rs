@@ -572,7 +572,11 @@ impl Proxy {
     }
 
     fn deny(&self, dst: SocketAddr, name: Option<(String, NameSource)>, reason: String) {
-        let key = format!("tcp {dst}");
+        // Per destination and claimed name: each forged name is seen once.
+        let key = match &name {
+            Some((n, source)) => format!("tcp {dst} {n} {source:?}"),
+            None => format!("tcp {dst}"),
+        };
         self.trail.limited(&key, |suppressed| Event::Connection {
             verdict: Verdict::Denied,
             rule: None,

@@ -12,7 +12,7 @@ use crate::audit::{DenyLimiter, Event, Log};
 /// One line per denied destination per this long.
 pub const DENY_INTERVAL: Duration = Duration::from_secs(60);
 /// Denied destinations tracked at once.
-pub const DENY_CAPACITY: usize = 4096;
+pub const DENY_CAPACITY: usize = 1024;
 
 enum Sink {
     File(Log),

@@ -120,7 +120,10 @@ fn bytes_of(input: Input) -> Vec<u8> {
             let t = match target % 3 {
                 0 => "/".to_string(),
                 1 => format!("http://{}/x", NAMES[usize::from(target) % NAMES.len()]),
-                _ => format!("https://u:p@{}:443/", NAMES[usize::from(target) % NAMES.len()]),
+                _ => format!(
+                    "https://u:p@{}:443/",
+                    NAMES[usize::from(target) % NAMES.len()]
+                ),
             };
             let mut s = format!("{m} {t} HTTP/1.1\r\n").into_bytes();
             for h in hosts.iter().take(4) {
@@ -156,10 +159,18 @@ pub fn run(data: &[u8]) {
         for full in [false, true] {
             let got = first_flight(&bytes[..cut], full);
             if full {
-                assert_ne!(got, FirstFlight::Incomplete, "incomplete with no more to come");
+                assert_ne!(
+                    got,
+                    FirstFlight::Incomplete,
+                    "incomplete with no more to come"
+                );
             }
             if let FirstFlight::Name(n, _) = &got {
-                assert_eq!(rule_name(n.as_bytes()).as_deref(), Some(n.as_str()), "{n:?}");
+                assert_eq!(
+                    rule_name(n.as_bytes()).as_deref(),
+                    Some(n.as_str()),
+                    "{n:?}"
+                );
             }
             match judge(&rules, dst, 443, &resolved, Some(&got)) {
                 Judgement::Allow { name, .. } => {
