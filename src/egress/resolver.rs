@@ -2,13 +2,14 @@
 //! the workload. Every DNS query the sandbox sends over UDP ends here (the
 //! egress rules redirect port 53 to it); a query for a name no rule allows
 //! is answered REFUSED, one for an allowed name is forwarded to the
-//! container's own resolver, and the addresses in the answer are added to
-//! the nftables sets of the rules that allowed the name — for the answer's
-//! TTL — before the answer goes back. A connection to an address no allowed
-//! name resolved to stays refused, whatever name the workload claims for it.
+//! container's own resolver, and the addresses in the answer are
+//! remembered for the proxy ([`Resolved`]) and added to the nftables sets
+//! of the UDP rules that allowed the name — for the answer's TTL — before
+//! the answer goes back. A connection to an address no allowed name
+//! resolved to stays refused, whatever name the workload claims for it.
 //!
-//! It runs as its own process (`agentvm egress-resolver`) in the container's
-//! network namespace, started by the supervisor before the guest boots; it
+//! It runs in the egress daemon (`daemon.rs`) in the container's network
+//! namespace, started by the supervisor before the guest boots; the daemon
 //! keeps what it needs to add set elements, which the jailed supervisor
 //! does not have.
 //!
