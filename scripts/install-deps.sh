@@ -12,6 +12,8 @@ PACKAGES=(
   busybox-static iproute2 iptables nftables dnsmasq-base socat jq procps util-linux psmisc
   # the microvm tier: QEMU, and what virtiofsd builds against
   qemu-system-x86 libcap-ng-dev cpio e2fsprogs
+  # the benchmark's network part (make bench)
+  iperf3 wrk
   # the guest kernel (kernels/build.sh)
   linux-source-6.1 bc bison flex libelf-dev libssl-dev xz-utils
 )

@@ -31,11 +31,11 @@ pub fn registered(d: &Docker) -> Result<String, BenchError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Whether `rt` is among the runtimes `docker info` listed.
-pub fn is_registered(runtimes_json: &str, rt: &Runtime) -> bool {
+/// Whether `docker_name` is among the runtimes `docker info` listed.
+pub fn is_registered(runtimes_json: &str, docker_name: &str) -> bool {
     serde_json::from_str::<serde_json::Value>(runtimes_json)
         .ok()
-        .and_then(|v| v.get(rt.docker_name).map(|_| ()))
+        .and_then(|v| v.get(docker_name).map(|_| ()))
         .is_some()
 }
 
@@ -59,8 +59,15 @@ pub fn version(d: &Docker) -> String {
 
 /// One timed `docker run --rm --runtime RT local/busybox true`.
 pub fn round(d: &Docker, rt: &Runtime) -> Result<Duration, BenchError> {
+    run_true(d, rt.docker_name, &[])
+}
+
+/// One timed `docker run --rm --runtime DOCKER_NAME OPTS local/busybox true`.
+pub fn run_true(d: &Docker, docker_name: &str, opts: &[&str]) -> Result<Duration, BenchError> {
     let mut cmd = d.cmd();
-    cmd.args(["run", "--rm", "--runtime", rt.docker_name, IMAGE, "true"]);
+    cmd.args(["run", "--rm", "--runtime", docker_name])
+        .args(opts)
+        .args([IMAGE, "true"]);
     let command = format!("{cmd:?}");
     let t0 = Instant::now();
     let out = cmd

@@ -8,7 +8,11 @@
 //!     the same kernel to an `/init` that powers off;
 //! (b) `docker run --rm local/busybox true` on the tests' own dockerd;
 //! (c) host memory per idle container (`sleep`): RSS and PSS of the
-//!     container's processes, and the guest pages a microVM touched.
+//!     container's processes, and the guest pages a microVM touched;
+//! (d) networking on the tests' dockerd, without and with an egress
+//!     policy: TCP throughput both ways (`iperf3`), HTTP requests/s and
+//!     latency (`wrk`), a connection through agentvm's proxy against a
+//!     direct one, and what the network adds to `docker run` cold start.
 //!
 //! Rounds are interleaved: every round runs each runtime once, in an order
 //! that rotates from round to round, so machine noise hits all of them.
@@ -17,7 +21,8 @@
 //!
 //!     cargo bench --bench compare             # all parts (needs root)
 //!     cargo bench --bench compare -- oci      # only (a); `docker`: only
-//!                                             # (b); `memory`: only (c)
+//!                                             # (b); `memory`: only (c);
+//!                                             # `network`: only (d)
 //!
 //! Environment: AGENTVM_BENCH_ROUNDS (a, default 50),
 //! AGENTVM_BENCH_DOCKER_ROUNDS (b, default 20),
@@ -25,12 +30,15 @@
 //! for the microvm tier and the QEMU floor, default 20),
 //! AGENTVM_BENCH_WARMUP (untimed rounds per runtime first, default 2),
 //! AGENTVM_BENCH_IDLE (c: idle containers per runtime, default 3),
+//! AGENTVM_BENCH_NET_SECONDS (d: length of each iperf3 and wrk run,
+//! default 5), AGENTVM_BENCH_NET_ROUNDS (d: cold-start rounds, default 10),
 //! AGENTVM_BENCH_REPORT (also write the markdown report to this file).
 
 mod docker_run;
 mod error;
 mod machine;
 mod memory;
+mod network;
 mod oci;
 mod qemu_floor;
 mod reaper;
@@ -58,11 +66,14 @@ struct Options {
     oci: bool,
     docker: bool,
     memory: bool,
+    network: bool,
     oci_rounds: usize,
     docker_rounds: usize,
     microvm_rounds: usize,
     warmup: usize,
     idle: usize,
+    net_seconds: u64,
+    net_rounds: usize,
     report: Option<PathBuf>,
 }
 
@@ -81,9 +92,11 @@ impl Options {
         // cargo bench passes `--bench`; other flags are not ours either.
         for arg in std::env::args().skip(1).filter(|a| !a.starts_with('-')) {
             match arg.as_str() {
-                "oci" | "docker" | "memory" => parts.push(arg),
+                "oci" | "docker" | "memory" | "network" => parts.push(arg),
                 other => {
-                    anyhow::bail!("unknown part {other:?}: expected `oci`, `docker` or `memory`")
+                    anyhow::bail!(
+                        "unknown part {other:?}: expected `oci`, `docker`, `memory` or `network`"
+                    )
                 }
             }
         }
@@ -93,11 +106,14 @@ impl Options {
             oci: has("oci"),
             docker: has("docker"),
             memory: has("memory"),
+            network: has("network"),
             oci_rounds: env_count("AGENTVM_BENCH_ROUNDS", 50)?,
             docker_rounds: env_count("AGENTVM_BENCH_DOCKER_ROUNDS", 20)?,
             microvm_rounds: env_count("AGENTVM_BENCH_MICROVM_ROUNDS", 20)?,
             warmup: env_count("AGENTVM_BENCH_WARMUP", 2)?,
             idle: env_count("AGENTVM_BENCH_IDLE", 3)?.max(1),
+            net_seconds: env_count("AGENTVM_BENCH_NET_SECONDS", 5)?.max(1) as u64,
+            net_rounds: env_count("AGENTVM_BENCH_NET_ROUNDS", 10)?,
             report: std::env::var_os("AGENTVM_BENCH_REPORT").map(PathBuf::from),
         })
     }
@@ -171,11 +187,13 @@ impl Schedule {
     /// "50 rounds per runtime (20 for X and Y, spread evenly through the
     /// run), interleaved, after 2 untimed warm-up round(s)".
     fn describe<E: Entry>(&self, entries: &[E]) -> String {
-        let slow: Vec<&str> = entries
+        let mut slow: Vec<&str> = entries
             .iter()
             .filter(|e| e.slow())
             .map(|e| e.name())
             .collect();
+        // An entry may appear more than once in a row (part (d)).
+        slow.dedup();
         let fewer = if slow.is_empty() || self.slow_rounds == self.rounds {
             String::new()
         } else {
@@ -362,7 +380,7 @@ fn docker_part(opts: &Options, runtimes: &[Runtime]) -> anyhow::Result<(String, 
     let mut list = Vec::new();
     let mut notes = String::new();
     for rt in runtimes {
-        if docker_run::is_registered(&registered, rt) {
+        if docker_run::is_registered(&registered, rt.docker_name) {
             list.push(rt);
         } else {
             let why = format!(
@@ -554,6 +572,16 @@ fn run() -> anyhow::Result<bool> {
         let (section, ok) = memory_part(&opts, ws, &runtimes)?;
         sections.push(section);
         all_ok &= ok;
+    }
+    if opts.network {
+        let outcome = network::part(&opts, dir, &runtimes)?;
+        sections.push(outcome.section);
+        all_ok &= outcome.ok;
+        for (what, version) in outcome.versions {
+            if !versions.iter().any(|(w, _)| *w == what) {
+                versions.push((what, version));
+            }
+        }
     }
     let report = render(&versions, &notes, &sections);
     println!("{report}");
