@@ -973,7 +973,7 @@ fn a_killed_egress_daemon_fails_closed_and_a_killed_vm_leaves_nothing() {
     assert!(daemon_of(id).is_empty(), "{:?}", daemon_of(id));
 }
 
-/// 200 networked containers, four namespaces at a time, half of them
+/// 200 networked containers, two namespaces at a time, half of them
 /// under a policy (taps, nft tables, routing rules, egress daemons): the
 /// host's counts of links, namespaces, nft tables and processes, and each
 /// namespace, end where they started.
@@ -982,7 +982,7 @@ fn two_hundred_networked_create_delete_cycles_leave_the_host_as_it_was() {
     if common::bundle::skip_unless_root() {
         return;
     }
-    const LANES: usize = 4;
+    const LANES: usize = 2;
     const CYCLES: usize = 200;
     let mut lanes = Vec::new();
     for lane in 0..LANES {
