@@ -231,7 +231,7 @@ use std::os::unix::fs::DirBuilderExt;
 pub struct DenyLimiter {
     interval: Duration,
     capacity: usize,
-    seen: std::collections::HashMap<(String, IpAddr, u16), (Instant, u64)>,
+    seen: std::collections::HashMap<String, (Instant, u64)>,
 }
 
 impl DenyLimiter {
@@ -246,9 +246,9 @@ impl DenyLimiter {
     /// `Some(suppressed)` when this attempt is to be written (with the
     /// number of attempts to the same destination not written since the
     /// last line), `None` when it is to be counted only.
-    pub fn admit(&mut self, proto: &str, dst: IpAddr, port: u16, now: Instant) -> Option<u64> {
-        let key = (proto.to_string(), dst, port);
-        if let Some((last, count)) = self.seen.get_mut(&key) {
+    /// `key` names the destination (e.g. `"udp 192.0.2.1:53"`).
+    pub fn admit(&mut self, key: &str, now: Instant) -> Option<u64> {
+        if let Some((last, count)) = self.seen.get_mut(key) {
             if now.duration_since(*last) < self.interval {
                 *count += 1;
                 return None;
@@ -269,7 +269,7 @@ impl DenyLimiter {
                 return None;
             }
         }
-        self.seen.insert(key, (now, 0));
+        self.seen.insert(key.to_string(), (now, 0));
         Some(0)
     }
 }
@@ -348,20 +348,19 @@ mod tests {
     fn denials_are_one_line_per_destination_per_interval() {
         let mut l = DenyLimiter::new(Duration::from_secs(60), 4);
         let t0 = Instant::now();
-        let d: IpAddr = "192.0.2.1".parse().unwrap();
-        assert_eq!(l.admit("tcp", d, 80, t0), Some(0));
+        let d = "tcp 192.0.2.1:80";
+        assert_eq!(l.admit(d, t0), Some(0));
         for i in 1..1000 {
-            assert_eq!(l.admit("tcp", d, 80, t0 + Duration::from_millis(i)), None);
+            assert_eq!(l.admit(d, t0 + Duration::from_millis(i)), None);
         }
-        assert_eq!(l.admit("udp", d, 80, t0), Some(0), "another protocol");
-        assert_eq!(
-            l.admit("tcp", d, 80, t0 + Duration::from_secs(61)),
-            Some(999)
-        );
+        assert_eq!(l.admit("udp 192.0.2.1:80", t0), Some(0), "another protocol");
+        assert_eq!(l.admit(d, t0 + Duration::from_secs(61)), Some(999));
         // A scan of many destinations is bounded by the capacity.
         let mut written = 0;
         for i in 0..1000u16 {
-            if l.admit("tcp", d, i, t0 + Duration::from_secs(62)).is_some() {
+            if l.admit(&format!("tcp 192.0.2.1:{i}"), t0 + Duration::from_secs(62))
+                .is_some()
+            {
                 written += 1;
             }
         }

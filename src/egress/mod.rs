@@ -26,7 +26,9 @@ use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
+pub mod proxy;
 pub mod resolver;
+pub mod trail;
 
 /// OCI annotation carrying a container's policy.
 pub const EGRESS_ANNOTATION: &str = "io.agentvm.egress";
@@ -137,7 +139,7 @@ fn parse_port(rule: &str, p: &str) -> Result<u16, PolicyError> {
 }
 
 /// `addr` with the bits beyond `prefix` cleared.
-fn mask(addr: IpAddr, prefix: u8) -> IpAddr {
+pub(crate) fn mask(addr: IpAddr, prefix: u8) -> IpAddr {
     match addr {
         IpAddr::V4(a) => {
             let m = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
