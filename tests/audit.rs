@@ -213,12 +213,40 @@ fn container_tier_execs_are_audited_printed_counted_and_exported() {
         "{line}"
     );
 
-    // Detached (as containerd and Docker exec): no exit, the caller has it.
-    f.agentvm(&["exec", "--detach", &id, "sh", "-c", "exit 3"])
-        .ok();
-    let detached = wait_for_exec(&f, &id, &["sh", "-c", "exit 3"]);
+    // Detached, as containerd's shim calls it (a process file, a pid
+    // file): no exit, the caller waits for it; the pid is the process
+    // itself, no helper of ours.
+    let process = f.dir.path().join("process.json");
+    std::fs::write(
+        &process,
+        serde_json::json!({
+            "terminal": false, "user": {"uid": 0, "gid": 0},
+            "args": ["sh", "-c", "sleep 2; exit 3"], "env": ["PATH=/bin"], "cwd": "/"
+        })
+        .to_string(),
+    )
+    .expect("process.json");
+    let pid_file = f.dir.path().join("exec.pid");
+    f.agentvm(&[
+        "exec",
+        "--process",
+        process.to_str().expect("utf-8"),
+        "--detach",
+        "--pid-file",
+        pid_file.to_str().expect("utf-8"),
+        &id,
+    ])
+    .ok();
+    let detached = wait_for_exec(&f, &id, &["sh", "-c", "sleep 2; exit 3"]);
     assert!(detached.get("exit").is_none(), "{detached}");
     assert!(detached.get("error").is_none(), "{detached}");
+    let pid = std::fs::read_to_string(&pid_file).expect("pid file");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", pid.trim())).unwrap_or_default();
+    assert!(
+        cmdline.starts_with(b"sh\0-c\0sleep 2"),
+        "the exec pid is not the process: {:?}",
+        String::from_utf8_lossy(&cmdline)
+    );
 
     // Other writers' lines: another container whose id starts with this
     // one's, a malformed line, and connection lines of this container.
