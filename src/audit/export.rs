@@ -228,6 +228,7 @@ struct Exporter<'a> {
     files: Files,
     send_failure: Throttle,
     read_failure: Throttle,
+    save_failure: Throttle,
 }
 
 impl Exporter<'_> {
@@ -281,7 +282,7 @@ impl Exporter<'_> {
         }
     }
 
-    fn run(&mut self) -> Result<(), ExportError> {
+    fn run(&mut self) {
         let mut follower = Follower::resume(&self.opts.audit, load_position(&self.files.state));
         let mut saved = follower.position();
         while !self.stopped() {
@@ -310,13 +311,16 @@ impl Exporter<'_> {
             if !idle {
                 let n = records.len();
                 if !self.send(&otlp::encode(records), n) {
-                    return Ok(());
+                    return;
                 }
             }
             let pos = follower.position();
             if pos != saved {
                 if let Some(p) = &pos {
-                    save_position(&self.files.state, p)?;
+                    // Not saved: a restart sends these lines again.
+                    if let Err(e) = save_position(&self.files.state, p) {
+                        self.save_failure.warn(&e.to_string());
+                    }
                 }
                 saved = pos;
             }
@@ -324,7 +328,6 @@ impl Exporter<'_> {
                 break;
             }
         }
-        Ok(())
     }
 }
 
@@ -350,8 +353,9 @@ pub fn run(opts: &Options, stop: &AtomicBool) -> Result<bool, ExportError> {
         files,
         send_failure: Throttle::default(),
         read_failure: Throttle::default(),
+        save_failure: Throttle::default(),
     };
-    exporter.run()?;
+    exporter.run();
     Ok(true)
 }
 

@@ -12,7 +12,7 @@
 //! for it for [`FOLLOW_GRACE`]. A rotation by `copytruncate` is followed
 //! (reading starts again at the top of the emptied file).
 
-use std::io::Write;
+use std::io::{BufWriter, StdoutLock, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,7 +45,7 @@ enum Out {
 
 struct Printer<'a> {
     id: &'a str,
-    out: std::io::StdoutLock<'static>,
+    out: BufWriter<StdoutLock<'static>>,
     printed: u64,
 }
 
@@ -97,18 +97,11 @@ impl Printer<'_> {
 pub fn run(ctx: &Context, args: AuditArgs) -> anyhow::Result<()> {
     crate::bundle::validate_id(&args.id)?;
     let path = ctx.config.audit.path();
-    let stop = Arc::new(AtomicBool::new(false));
-    if args.follow {
-        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-            signal_hook::flag::register(sig, stop.clone())
-                .context("cannot install signal handlers")?;
-        }
-    }
     let exists = || ctx.container_dir(&args.id).exists();
     let mut follower = Follower::new(&path);
     let mut p = Printer {
         id: &args.id,
-        out: std::io::stdout().lock(),
+        out: BufWriter::new(std::io::stdout().lock()),
         printed: 0,
     };
     if let (_, Out::Closed) = p.drain(&mut follower, &path)? {
@@ -130,6 +123,12 @@ pub fn run(ctx: &Context, args: AuditArgs) -> anyhow::Result<()> {
     }
     if !args.follow {
         return Ok(());
+    }
+    // From here SIGINT and SIGTERM end the command with status 0 (before,
+    // while the file is read, they end it as they would `cat`).
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
     let mut last = Instant::now();
     while !stop.load(Ordering::Relaxed) {
