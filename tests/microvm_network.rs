@@ -170,9 +170,10 @@ fn microvm_in() -> Result<Fixture, String> {
     std::fs::write(
         &config,
         format!(
-            "[microvm]\nkernel = {:?}\nvirtiofsd = {:?}\n",
+            "[microvm]\nkernel = {:?}\nvirtiofsd = {:?}\n[audit]\npath = {:?}\n",
             kernel.display().to_string(),
-            common::guest::VIRTIOFSD
+            common::guest::VIRTIOFSD,
+            f.dir.path().join("audit.jsonl").display().to_string(),
         ),
     )
     .expect("write config.toml");
@@ -572,4 +573,247 @@ fn allowed_names_resolve_and_connect_and_nothing_else_does() {
     assert_eq!(said("allowed-lookup"), "ok", "{out}");
     assert_nothing_left(&f, "mvn-names");
     assert_eq!(ns.snapshot(), before, "rules, routes and marks are gone");
+}
+
+/// The audit records of container `id`, from the fixture's audit file.
+fn audit_of(f: &Fixture, id: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(f.dir.path().join("audit.jsonl")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["container"] == id)
+        .collect()
+}
+
+/// Whether some record of `records` has every field of `want`.
+fn has_record(records: &[serde_json::Value], want: serde_json::Value) -> bool {
+    let want = want.as_object().expect("an object").clone();
+    records.iter().any(|r| want.iter().all(|(k, v)| &r[k] == v))
+}
+
+/// A TLS ClientHello naming `sni`, its handshake cut into records of
+/// `per_record` bytes (a name in a later record must still be seen).
+fn tls_hello(sni: &str, per_record: usize) -> Vec<u8> {
+    let name = sni.as_bytes();
+    let entry_len = name.len() + 3;
+    let mut server_name = vec![0u8, 0];
+    server_name.extend(((entry_len + 2) as u16).to_be_bytes());
+    server_name.extend((entry_len as u16).to_be_bytes());
+    server_name.push(0);
+    server_name.extend((name.len() as u16).to_be_bytes());
+    server_name.extend(name);
+    let mut hello = vec![3, 3];
+    hello.extend([0x42; 32]);
+    hello.extend([0, 0, 2, 0x13, 0x02, 1, 0]);
+    hello.extend((server_name.len() as u16).to_be_bytes());
+    hello.extend(server_name);
+    let len = hello.len() as u32;
+    let mut handshake = vec![1, (len >> 16) as u8, (len >> 8) as u8, len as u8];
+    handshake.extend(hello);
+    handshake
+        .chunks(per_record)
+        .flat_map(|c| {
+            let mut r = vec![22, 3, 1];
+            r.extend((c.len() as u16).to_be_bytes());
+            r.extend(c);
+            r
+        })
+        .collect()
+}
+
+/// A DNS query for `name` as DNS over TCP sends it (length-prefixed).
+fn dns_over_tcp(name: &str) -> Vec<u8> {
+    let mut q = vec![0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.split('.') {
+        q.push(label.len() as u8);
+        q.extend(label.as_bytes());
+    }
+    q.extend([0, 0, 1, 0, 1]);
+    let mut out = (q.len() as u16).to_be_bytes().to_vec();
+    out.extend(q);
+    out
+}
+
+/// With names in the policy, every TCP connection goes through agentvm's
+/// proxy, which connects only when the name the client gives (SNI, Host)
+/// is allowed *and* is a name the destination resolved from. Root in the
+/// guest tries to get around it — forged names towards other addresses,
+/// a ClientHello split to hide its name, DNS over TCP, another resolver,
+/// ARP claims, IPv6 link-local — and each attempt fails and is in the
+/// audit trail.
+#[test]
+fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
+    let f = require!(microvm_in());
+    let ns = Netns::new("forge");
+    // A second address on the peer that no allowed name resolves to.
+    ip(&[
+        "-n",
+        &ns.peer,
+        "addr",
+        "add",
+        "10.231.0.3/24",
+        "dev",
+        "veth0",
+    ]);
+    let _dns = require!(PeerDns::start(&ns, &["allowed.test", "denied.test"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("index.html"), "served").expect("index");
+    let _httpd = Command::new("ip")
+        .args([
+            "netns", "exec", &ns.peer, "busybox", "httpd", "-f", "-p", "8000", "-h",
+        ])
+        .arg(dir.path())
+        .spawn()
+        .map(|child| PeerServer {
+            child,
+            _root: tempfile::tempdir().expect("tempdir"),
+        })
+        .expect("httpd");
+    let data = f.dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    for (file, bytes) in [
+        ("sni-allowed", tls_hello("allowed.test", 1 << 14)),
+        ("sni-denied", tls_hello("denied.test", 1 << 14)),
+        ("sni-denied-split", tls_hello("denied.test", 9)),
+        ("dns-tcp", dns_over_tcp("denied.test")),
+        (
+            "host-denied",
+            b"GET / HTTP/1.0\r\nHost: denied.test\r\n\r\n".to_vec(),
+        ),
+        (
+            "host-allowed",
+            b"GET / HTTP/1.0\r\nHost: allowed.test:8000\r\n\r\n".to_vec(),
+        ),
+        (
+            "absolute-denied",
+            b"GET http://denied.test:8000/ HTTP/1.0\r\nHost: allowed.test\r\n\r\n".to_vec(),
+        ),
+    ] {
+        std::fs::write(data.join(file), bytes).expect("write");
+    }
+    let resolv = f.dir.path().join("resolv.conf");
+    std::fs::write(&resolv, format!("nameserver {PEER}\n")).expect("resolv.conf");
+    // The peer's IPv6 link-local address, which the guest may try to
+    // reach past the IPv4-only plumbing. (The namespace's own is the
+    // guest's too: the guest has the container's MAC.)
+    let ns_ll = ip_out(&[
+        "-n", &ns.peer, "-6", "-o", "addr", "show", "dev", "veth0", "scope", "link",
+    ])
+    .split_whitespace()
+    .skip_while(|w| *w != "inet6")
+    .nth(1)
+    .and_then(|a| a.split('/').next())
+    .unwrap_or("fe80::1")
+    .to_string();
+    // `t NAME ADDR FILE`: sends FILE to ADDR:8000 (or :53); "ok" when an
+    // answer came back through the proxy.
+    write_script(
+        &f,
+        &ns,
+        &"t() { n=$(nc -w 3 $2 $4 < /data/$3 2>/dev/null | wc -c); \
+               [ \"$n\" -gt 0 ] && echo \"$1 ok\" || echo \"$1 refused\"; }; \
+         nslookup -type=a allowed.test >/dev/null 2>&1 && echo 'lookup ok' || echo 'lookup refused'; \
+         t host-allowed 10.231.0.1 host-allowed 8000; \
+         t sni-allowed 10.231.0.1 sni-allowed 8000; \
+         t host-denied 10.231.0.1 host-denied 8000; \
+         t absolute-denied 10.231.0.1 absolute-denied 8000; \
+         t sni-denied 10.231.0.1 sni-denied 8000; \
+         t sni-denied-split 10.231.0.1 sni-denied-split 8000; \
+         t other-address 10.231.0.3 host-allowed 8000; \
+         t dns-over-tcp 10.231.0.1 dns-tcp 53; \
+         nslookup denied.test 10.231.0.3 >/dev/null 2>&1 && echo 'other-resolver ok' || echo 'other-resolver refused'; \
+         arping -c 2 -U -s 10.231.0.3 -I eth0 10.231.0.1 >/dev/null 2>&1; \
+         arping -c 2 -U -s 10.231.0.99 -I eth0 10.231.0.99 >/dev/null 2>&1; \
+         ping6 -c 1 -W 2 -I eth0 ff02::2 >/dev/null 2>&1 && echo 'all-routers ok' || echo 'all-routers refused'; \
+         ping6 -c 1 -W 2 -I eth0 NS_LINK_LOCAL >/dev/null 2>&1 && echo 'link-local ok' || echo 'link-local refused'; \
+         t after-arp 10.231.0.3 host-allowed 8000"
+            .replace("NS_LINK_LOCAL", &ns_ll),
+    );
+    let text = std::fs::read_to_string(f.bundle().join("config.json")).expect("config");
+    let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
+    config["mounts"].as_array_mut().expect("mounts").extend([
+        serde_json::json!({
+            "destination": "/etc/resolv.conf", "type": "bind",
+            "source": resolv, "options": ["rbind", "ro"]
+        }),
+        serde_json::json!({
+            "destination": "/data", "type": "bind",
+            "source": data, "options": ["rbind", "ro"]
+        }),
+    ]);
+    std::fs::write(
+        f.bundle().join("config.json"),
+        serde_json::to_vec_pretty(&config).expect("json"),
+    )
+    .expect("write config");
+    let id = "mvn-forge";
+    let out = f.agentvm(&[
+        "--egress",
+        "allowed.test:8000",
+        "run",
+        "--bundle",
+        &bundle_arg(&f),
+        id,
+    ]);
+    assert_eq!(out.code, 0, "{out}");
+    let said = |what: &str| {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{what} ")))
+            .unwrap_or("missing")
+            .to_string()
+    };
+    for (what, want) in [
+        ("lookup", "ok"),
+        ("host-allowed", "ok"),
+        ("sni-allowed", "ok"),
+        ("host-denied", "refused"),
+        ("absolute-denied", "refused"),
+        ("sni-denied", "refused"),
+        ("sni-denied-split", "refused"),
+        ("other-address", "refused"),
+        ("dns-over-tcp", "refused"),
+        ("other-resolver", "refused"),
+        ("all-routers", "refused"),
+        ("link-local", "refused"),
+        ("after-arp", "refused"),
+    ] {
+        assert_eq!(
+            said(what),
+            want,
+            "{what} (peer's link-local {ns_ll}): {out}"
+        );
+    }
+    // The ARP claims changed nothing outside the guest: the peer never
+    // heard of the made-up address.
+    let peer_neigh =
+        String::from_utf8_lossy(&ns.in_peer(&["ip", "neigh", "show"]).stdout).into_owned();
+    assert!(!peer_neigh.contains("10.231.0.99"), "{peer_neigh}");
+    assert_nothing_left(&f, id);
+
+    let audit = audit_of(&f, id);
+    let shown = serde_json::to_string_pretty(&audit).unwrap_or_default();
+    for want in [
+        serde_json::json!({"event": "dns", "verdict": "allowed", "name": "allowed.test"}),
+        serde_json::json!({"event": "dns", "verdict": "denied", "name": "denied.test"}),
+        serde_json::json!({"event": "connection", "verdict": "allowed", "dst": PEER, "port": 8000,
+                           "name": "allowed.test", "name_from": "host", "rule": "allowed.test:8000"}),
+        serde_json::json!({"event": "connection", "verdict": "allowed", "name": "allowed.test", "name_from": "sni"}),
+        serde_json::json!({"event": "connection", "verdict": "denied", "name": "denied.test", "name_from": "host"}),
+        serde_json::json!({"event": "connection", "verdict": "denied", "name": "denied.test", "name_from": "sni"}),
+        serde_json::json!({"event": "connection", "verdict": "denied", "dst": "10.231.0.3", "port": 8000}),
+        serde_json::json!({"event": "connection", "verdict": "denied", "proto": "tcp", "dst": PEER, "port": 53}),
+    ] {
+        assert!(has_record(&audit, want.clone()), "no {want} in\n{shown}");
+    }
+    // Bytes were counted both ways for the connection that went through.
+    assert!(
+        audit.iter().any(|r| r["name_from"] == "host"
+            && r["verdict"] == "allowed"
+            && r["bytes_out"].as_u64().unwrap_or(0) > 0
+            && r["bytes_in"].as_u64().unwrap_or(0) > 0),
+        "{shown}"
+    );
 }

@@ -233,9 +233,9 @@ pub fn is_of(line: &[u8], id: &str) -> bool {
 /// What a container's egress added up to, from its connection lines.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct EgressCounts {
-    pub allowed: u64,
-    /// Denied attempts, including the ones a line stands for
+    /// Attempts, each line counting for itself and the ones it stands for
     /// (`suppressed`).
+    pub allowed: u64,
     pub denied: u64,
     pub bytes_out: u64,
     pub bytes_in: u64,
@@ -251,11 +251,10 @@ impl EgressCounts {
             ..
         } = event
         {
+            let attempts = suppressed.saturating_add(1);
             match verdict {
-                Verdict::Allowed => self.allowed = self.allowed.saturating_add(1),
-                Verdict::Denied => {
-                    self.denied = self.denied.saturating_add(1).saturating_add(*suppressed)
-                }
+                Verdict::Allowed => self.allowed = self.allowed.saturating_add(attempts),
+                Verdict::Denied => self.denied = self.denied.saturating_add(attempts),
             }
             self.bytes_out = self.bytes_out.saturating_add(*bytes_out);
             self.bytes_in = self.bytes_in.saturating_add(*bytes_in);

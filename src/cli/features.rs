@@ -116,10 +116,9 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
     let microvm = match crate::microvm::host::Host::probe(&config) {
         Ok(h) => format!(
             "available: qemu microvm, {} ({}), IPv4 networking routed through the container's \
-             namespace, egress policy by address and by name (--egress); refused: the host's network \
-             (--network host); not implemented yet: IPv6 in the guest, the egress proxy's \
-             SNI/Host check, joining host namespaces by path, update of \
-             vCPUs/RAM after create",
+             namespace, egress policy by address and by name (--egress; a proxy checks TLS SNI and HTTP Host); refused: the host's network \
+             (--network host); not implemented yet: IPv6 in the guest, joining host namespaces \
+             by path, update of vCPUs/RAM after create",
             h.accel.as_str(),
             h.accel_reason
         ),

@@ -142,18 +142,31 @@ pub enum Command {
     /// (internal) the per-container supervisor of a microVM
     #[command(hide = true)]
     Supervise(SuperviseArgs),
-    /// (internal) the egress policy's resolver, beside a supervisor
+    /// (internal) the egress policy's resolver, proxy and log reader,
+    /// in a sandbox's network namespace
     #[command(hide = true)]
-    EgressResolver(EgressResolverArgs),
+    EgressDaemon(EgressDaemonArgs),
 }
 
 #[derive(Args, Debug)]
-pub struct EgressResolverArgs {
+pub struct EgressDaemonArgs {
     #[arg(long)]
     pub policy: String,
+    /// The container's id, for the audit trail.
+    #[arg(long)]
+    pub id: String,
+    /// The audit file.
+    #[arg(long)]
+    pub audit: Option<PathBuf>,
     /// The container's own resolver; without one every allowed name fails.
     #[arg(long)]
     pub upstream: Option<std::net::SocketAddr>,
+    /// A resolver socket is passed (names in the policy).
+    #[arg(long)]
+    pub dns: bool,
+    /// The namespace's service addresses, never a destination.
+    #[arg(long = "own")]
+    pub own: Vec<std::net::IpAddr>,
 }
 
 #[derive(Args, Debug)]
@@ -259,24 +272,39 @@ fn dispatch(global: &GlobalOpts, command: Command) -> anyhow::Result<u8> {
                 systemd_cgroup: ctx.systemd_cgroup,
             })
         }
-        Command::EgressResolver(args) => egress_resolver(args),
+        Command::EgressDaemon(args) => egress_daemon(args),
         Command::Spec(_) | Command::Features(_) | Command::Check(_) => {
             unreachable!("handled above")
         }
     }
 }
 
-/// `agentvm egress-resolver`: serves on the socket the supervisor passed as
-/// `RESOLVER_FD`, allowing what it resolves with nft.
-fn egress_resolver(args: EgressResolverArgs) -> anyhow::Result<u8> {
+/// `agentvm egress-daemon`: serves on the sockets its parent passed
+/// (`egress::daemon::DNS_FD`, `PROXY_FD`).
+fn egress_daemon(args: EgressDaemonArgs) -> anyhow::Result<u8> {
+    use crate::egress::daemon::{self, Options};
     use std::os::fd::FromRawFd;
     let policy: crate::egress::Policy = args.policy.parse()?;
-    // SAFETY: the supervisor passes the bound UDP socket as this
-    // descriptor, and nothing else here owns it.
-    let listener = unsafe { std::net::UdpSocket::from_raw_fd(crate::microvm::net::RESOLVER_FD) };
-    let add: std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync> =
-        std::sync::Arc::new(|elements: &str| crate::microvm::net::apply_nft(elements).is_ok());
-    crate::egress::resolver::serve(&policy, listener, args.upstream, add)?;
+    let dns = args.dns.then(|| {
+        // SAFETY: the parent passes the bound UDP socket as this
+        // descriptor when it says --dns, and nothing else here owns it.
+        unsafe { std::net::UdpSocket::from_raw_fd(daemon::DNS_FD) }
+    });
+    // SAFETY: the parent always passes the proxy's listening socket as
+    // this descriptor, and nothing else here owns it.
+    let proxy = unsafe { std::net::TcpListener::from_raw_fd(daemon::PROXY_FD) };
+    let add: crate::egress::resolver::AddElements =
+        std::sync::Arc::new(|elements: &str| crate::egress::nft::apply(elements).is_ok());
+    daemon::run(Options {
+        policy,
+        id: args.id,
+        audit: args.audit,
+        upstream: args.upstream,
+        dns,
+        proxy,
+        own: args.own,
+        add,
+    })?;
     Ok(0)
 }
 

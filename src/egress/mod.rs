@@ -23,9 +23,12 @@
 //! guest's NIC ([`ruleset`]).
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
 
+pub mod daemon;
+pub mod nflog;
+pub mod nft;
 pub mod proxy;
 pub mod resolver;
 pub mod trail;
@@ -455,28 +458,45 @@ impl Policy {
 }
 
 /// The nftables ruleset (for `nft -f -`) that enforces `policy` on what
-/// enters the namespace from the guest's taps (`tap_prefix*`): forwarded
-/// traffic is checked against the allowlist; traffic to the namespace
-/// itself (the DNS relay at `dns_relay`) is allowed only there. Replies to
-/// connections made from outside pass. `None` for `allow`.
-pub fn ruleset(policy: &Policy, tap_prefix: &str, dns_relay: Option<IpAddr>) -> Option<String> {
+/// enters the namespace from the sandbox's side (`side_prefix*`: the
+/// guest's taps). `None` for `allow`.
+///
+/// - Every new TCP connection goes to the egress proxy on `service`
+///   (`proxy.rs`), which judges it, records it, and relays it.
+/// - With names in the policy, every DNS query over UDP goes to the
+///   resolver on `service`, whichever server the sandbox asked.
+/// - Other forwarded traffic is checked against the UDP rules here; each
+///   new flow they allow, and every denied packet (within a rate), is
+///   logged to the daemon (`nflog.rs`).
+/// - Replies to connections made from outside pass (published ports).
+/// - The daemon's own connections leave from the container's address,
+///   which the namespace routes to the sandbox: they are marked, and their
+///   replies are delivered locally (see `LOCAL_MARK`).
+pub fn ruleset(policy: &Policy, side_prefix: &str, service: Ipv4Addr) -> Option<String> {
     let rules = match policy {
         Policy::Allow => return None,
         Policy::Deny => &[][..],
         Policy::List(rules) => rules.as_slice(),
     };
+    let group = nflog::GROUP;
+    let port_of = proxy::PROXY_PORT;
     let mut allow = String::new();
     let mut sets = String::new();
     for (i, r) in rules.iter().enumerate() {
+        // TCP is the proxy's.
+        if r.proto != Proto::Udp {
+            continue;
+        }
         let port = r
             .port
-            .map(|p| format!(" {} dport {p}", r.proto.as_str()))
-            .unwrap_or_else(|| format!(" meta l4proto {}", r.proto.as_str()));
+            .map(|p| format!(" udp dport {p}"))
+            .unwrap_or_else(|| " meta l4proto udp".to_string());
+        let log = format!("log prefix \"{}\" group {group}", nflog::prefix_allowed(i));
         match &r.target {
             Target::Net { addr, prefix } => {
                 let family = if addr.is_ipv4() { "ip" } else { "ip6" };
                 allow += &format!(
-                    "    {family} daddr {addr}/{prefix}{port} counter accept comment \"{r}\"\n"
+                    "    {family} daddr {addr}/{prefix}{port} counter {log} accept comment \"{r}\"\n"
                 );
             }
             // Addresses the resolver saw this rule's names resolve to.
@@ -485,69 +505,70 @@ pub fn ruleset(policy: &Policy, tap_prefix: &str, dns_relay: Option<IpAddr>) -> 
                     let set = resolver::set_name(i, v6);
                     sets += &format!("  set {set} {{ type {ty}; flags timeout; }}\n");
                     allow += &format!(
-                        "    {family} daddr @{set}{port} counter accept comment \"{r}\"\n"
+                        "    {family} daddr @{set}{port} counter {log} accept comment \"{r}\"\n"
                     );
                 }
             }
         }
     }
-    // With names in the policy every DNS query goes to the resolver,
-    // whichever server the sandbox asks. The resolver's own queries leave
-    // from the container's address, which the namespace routes to the
-    // guest: connections the namespace itself opens are marked, and their
-    // replies are delivered locally (see `net::LOCAL_MARK`).
-    let redirect = match dns_relay {
-        Some(IpAddr::V4(relay)) if policy.has_names() => format!(
-            "  chain dns {{\n\
-             \x20   type nat hook prerouting priority dstnat; policy accept;\n\
-             \x20   iifname \"{tap_prefix}*\" meta nfproto ipv4 udp dport 53 dnat ip to {relay}:53\n\
-             \x20 }}\n\
-             \x20 chain own_out {{\n\
-             \x20   type filter hook output priority mangle; policy accept;\n\
-             \x20   ct state new ct mark set {LOCAL_MARK}\n\
-             \x20 }}\n\
-             \x20 chain own_in {{\n\
-             \x20   type filter hook prerouting priority mangle; policy accept;\n\
-             \x20   ct mark {LOCAL_MARK} meta mark set {LOCAL_MARK}\n\
-             \x20 }}\n"
-        ),
-        _ => String::new(),
+    let (dns_nat, dns_in) = if policy.has_names() {
+        (
+            format!(
+                "    iifname \"{side_prefix}*\" meta nfproto ipv4 udp dport 53 dnat ip to {service}:53\n"
+            ),
+            format!("    ip daddr {service} udp dport 53 accept\n"),
+        )
+    } else {
+        (String::new(), String::new())
     };
-    let relay = dns_relay
-        .map(|ip| {
-            let family = if ip.is_ipv4() { "ip" } else { "ip6" };
-            format!("    {family} daddr {ip} udp dport 53 accept\n")
-        })
-        .unwrap_or_default();
+    let deny_log = format!(
+        "    limit rate 200/second burst 100 packets log prefix \"{}\" group {group}\n",
+        nflog::prefix_denied()
+    );
     Some(format!(
         "table inet {NFT_TABLE}\n\
          delete table inet {NFT_TABLE}\n\
          table inet {NFT_TABLE} {{\n\
          \x20 chain forward {{\n\
          \x20   type filter hook forward priority filter - 10; policy accept;\n\
-         \x20   iifname \"{tap_prefix}*\" jump egress\n\
+         \x20   iifname \"{side_prefix}*\" jump egress\n\
          \x20 }}\n\
          \x20 chain egress {{\n\
          \x20   ct state established,related accept\n\
          {allow}\
          \x20   counter name denied\n\
+         {deny_log}\
          \x20   meta l4proto tcp reject with tcp reset\n\
          \x20   reject with icmpx admin-prohibited\n\
          \x20 }}\n\
          \x20 chain input {{\n\
          \x20   type filter hook input priority filter - 10; policy accept;\n\
-         \x20   iifname \"{tap_prefix}*\" jump from_guest\n\
+         \x20   iifname \"{side_prefix}*\" jump from_sandbox\n\
          \x20 }}\n\
-         \x20 chain from_guest {{\n\
+         \x20 chain from_sandbox {{\n\
          \x20   ct state established,related accept\n\
          \x20   meta l4proto {{ icmp, ipv6-icmp }} accept\n\
-         {relay}\
+         {dns_in}\
+         \x20   ip daddr {service} tcp dport {port_of} accept\n\
          \x20   counter name denied\n\
+         {deny_log}\
          \x20   drop\n\
+         \x20 }}\n\
+         \x20 chain to_daemon {{\n\
+         \x20   type nat hook prerouting priority dstnat; policy accept;\n\
+         {dns_nat}\
+         \x20   iifname \"{side_prefix}*\" meta nfproto ipv4 meta l4proto tcp dnat ip to {service}:{port_of}\n\
+         \x20 }}\n\
+         \x20 chain own_out {{\n\
+         \x20   type filter hook output priority mangle; policy accept;\n\
+         \x20   ct state new ct mark set {LOCAL_MARK}\n\
+         \x20 }}\n\
+         \x20 chain own_in {{\n\
+         \x20   type filter hook prerouting priority mangle; policy accept;\n\
+         \x20   ct mark {LOCAL_MARK} meta mark set {LOCAL_MARK}\n\
          \x20 }}\n\
          \x20 counter denied {{ }}\n\
          {sets}\
-         {redirect}\
          }}\n"
     ))
 }
@@ -710,59 +731,68 @@ mod tests {
     fn names_get_sets_and_dns_is_redirected() {
         assert!(p("10.0.0.0/8,x.example:1").has_names());
         assert!(!p("10.0.0.0/8").has_names());
+        let svc: Ipv4Addr = "169.254.53.53".parse().unwrap();
         let r = ruleset(
-            &p("10.0.0.0/8,pypi.org:443"),
+            &p("10.0.0.0/8,pypi.org:443,*.ntp.example:123/udp"),
             "avtap",
-            Some("169.254.53.53".parse().unwrap()),
+            svc,
         )
         .unwrap();
+        // TCP names are the proxy's: no sets for them.
+        assert!(!r.contains("r1_v4"), "{r}");
         assert!(
-            r.contains("set r1_v4 { type ipv4_addr; flags timeout; }"),
+            r.contains("set r2_v4 { type ipv4_addr; flags timeout; }"),
             "{r}"
         );
         assert!(
-            r.contains("ip daddr @r1_v4 tcp dport 443 counter accept"),
+            r.contains("ip daddr @r2_v4 udp dport 123 counter log prefix \"agentvm allow 2\" group 176 accept"),
             "{r}"
         );
-        assert!(
-            r.contains("ip6 daddr @r1_v6 tcp dport 443 counter accept"),
-            "{r}"
-        );
+        assert!(r.contains("ip6 daddr @r2_v6 udp dport 123"), "{r}");
         assert!(
             r.contains("udp dport 53 dnat ip to 169.254.53.53:53"),
             "{r}"
         );
-        let no_names = ruleset(&p("10.0.0.0/8"), "avtap", None).unwrap();
-        assert!(!no_names.contains("dnat"), "{no_names}");
+        assert!(
+            r.contains("meta l4proto tcp dnat ip to 169.254.53.53:15001"),
+            "{r}"
+        );
+        let no_names = ruleset(&p("10.0.0.0/8"), "avtap", svc).unwrap();
+        assert!(!no_names.contains("udp dport 53 dnat"), "{no_names}");
+        assert!(
+            no_names.contains("tcp dnat ip to 169.254.53.53:15001"),
+            "{no_names}"
+        );
     }
 
     #[test]
     fn ruleset_lists_the_allowed_destinations() {
-        assert!(ruleset(&Policy::Allow, "avtap", None).is_none());
+        let svc: Ipv4Addr = "169.254.53.53".parse().unwrap();
+        assert!(ruleset(&Policy::Allow, "avtap", svc).is_none());
         let r = ruleset(
-            &p("10.1.0.0/16,192.0.2.7:53/udp,[2001:db8::1]:443"),
+            &p("10.1.0.0/16,192.0.2.7:53/udp,[2001:db8::1]:443,x.example"),
             "avtap",
-            Some("169.254.53.53".parse().unwrap()),
+            svc,
         )
         .unwrap();
+        // TCP rules are judged by the proxy, not listed here.
+        assert!(!r.contains("10.1.0.0/16"), "{r}");
         assert!(
-            r.contains("ip daddr 10.1.0.0/16 meta l4proto tcp counter accept"),
-            "{r}"
-        );
-        assert!(
-            r.contains("ip daddr 192.0.2.7/32 udp dport 53 counter accept"),
-            "{r}"
-        );
-        assert!(
-            r.contains("ip6 daddr 2001:db8::1/128 tcp dport 443 counter accept"),
+            r.contains("ip daddr 192.0.2.7/32 udp dport 53 counter log prefix \"agentvm allow 1\" group 176 accept"),
             "{r}"
         );
         assert!(
             r.contains("ip daddr 169.254.53.53 udp dport 53 accept"),
             "{r}"
         );
+        assert!(
+            r.contains("ip daddr 169.254.53.53 tcp dport 15001 accept"),
+            "{r}"
+        );
         assert!(r.contains("iifname \"avtap*\" jump egress"), "{r}");
-        let deny = ruleset(&Policy::Deny, "avtap", None).unwrap();
-        assert!(!deny.contains("daddr"), "{deny}");
+        assert!(r.contains("log prefix \"agentvm deny\" group 176"), "{r}");
+        let deny = ruleset(&Policy::Deny, "avtap", svc).unwrap();
+        assert!(!deny.contains("daddr @"), "{deny}");
+        assert!(!deny.contains("udp dport 53 dnat"), "{deny}");
     }
 }

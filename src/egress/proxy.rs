@@ -572,8 +572,12 @@ impl Proxy {
     }
 
     fn deny(&self, dst: SocketAddr, name: Option<(String, NameSource)>, reason: String) {
-        let key = format!("tcp {dst}");
-        self.trail.denied(&key, |suppressed| Event::Connection {
+        // Per destination and claimed name: each forged name is seen once.
+        let key = match &name {
+            Some((n, source)) => format!("tcp {dst} {n} {source:?}"),
+            None => format!("tcp {dst}"),
+        };
+        self.trail.limited(&key, |suppressed| Event::Connection {
             verdict: Verdict::Denied,
             rule: None,
             reason: Some(reason),

@@ -2,13 +2,14 @@
 //! the workload. Every DNS query the sandbox sends over UDP ends here (the
 //! egress rules redirect port 53 to it); a query for a name no rule allows
 //! is answered REFUSED, one for an allowed name is forwarded to the
-//! container's own resolver, and the addresses in the answer are added to
-//! the nftables sets of the rules that allowed the name — for the answer's
-//! TTL — before the answer goes back. A connection to an address no allowed
-//! name resolved to stays refused, whatever name the workload claims for it.
+//! container's own resolver, and the addresses in the answer are
+//! remembered for the proxy ([`Resolved`]) and added to the nftables sets
+//! of the UDP rules that allowed the name — for the answer's TTL — before
+//! the answer goes back. A connection to an address no allowed name
+//! resolved to stays refused, whatever name the workload claims for it.
 //!
-//! It runs as its own process (`agentvm egress-resolver`) in the container's
-//! network namespace, started by the supervisor before the guest boots; it
+//! It runs in the egress daemon (`daemon.rs`) in the container's network
+//! namespace, started by the supervisor before the guest boots; the daemon
 //! keeps what it needs to add set elements, which the jailed supervisor
 //! does not have.
 //!
@@ -19,12 +20,15 @@
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::{Name, RData};
 
-use super::{name_below, Policy, Rule, Target, NFT_TABLE};
+use super::proxy::Resolved;
+use super::trail::Trail;
+use super::{name_below, Rule, Target, NFT_TABLE};
+use crate::audit::{Event, Verdict};
 
 /// Largest datagram taken from either side.
 pub const MAX_DATAGRAM: usize = 4096;
@@ -50,8 +54,10 @@ pub enum ResolverError {
 /// What to do with one query.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Send these bytes back (REFUSED, FORMERR).
+    /// Send these bytes back (FORMERR).
     Answer(Vec<u8>),
+    /// Send this REFUSED back: no rule allows the name.
+    Refused { reply: Vec<u8>, name: String },
     /// Forward it; the indexes of the rules that allow the name.
     Forward { name: String, rules: Vec<usize> },
     /// Not a query we answer at all.
@@ -122,11 +128,17 @@ pub fn decide(rules: &[Rule], datagram: &[u8]) -> Decision {
         return Decision::Answer(reply_code(&msg, ResponseCode::FormErr));
     };
     let Some(name) = rule_name(&q.name) else {
-        return Decision::Answer(reply_code(&msg, ResponseCode::Refused));
+        return Decision::Refused {
+            reply: reply_code(&msg, ResponseCode::Refused),
+            name: crate::audit::bounded(&q.name.to_string()),
+        };
     };
     let allowed = rules_for(rules, &name);
     if allowed.is_empty() {
-        return Decision::Answer(reply_code(&msg, ResponseCode::Refused));
+        return Decision::Refused {
+            reply: reply_code(&msg, ResponseCode::Refused),
+            name,
+        };
     }
     Decision::Forward {
         name,
@@ -160,10 +172,20 @@ pub fn answers(reply: &[u8], id: u16) -> Option<Vec<(IpAddr, u32)>> {
     )
 }
 
-/// The nft commands adding `addrs` to the sets of `rules`.
-pub fn set_elements(rules: &[usize], addrs: &[(IpAddr, u32)]) -> String {
+/// Whether rule `r` has address sets (names are enforced in nftables only
+/// for UDP; TCP goes through the proxy, which asks [`Resolved`]).
+pub fn has_sets(r: &Rule) -> bool {
+    r.proto == super::Proto::Udp && !matches!(r.target, Target::Net { .. })
+}
+
+/// The nft commands adding `addrs` to the sets of `rules` (those that
+/// have sets, see [`has_sets`]).
+pub fn set_elements(all: &[Rule], rules: &[usize], addrs: &[(IpAddr, u32)]) -> String {
     let mut out = String::new();
     for &i in rules {
+        if !all.get(i).is_some_and(has_sets) {
+            continue;
+        }
         for (ip, ttl) in addrs {
             out += &format!(
                 "add element inet {NFT_TABLE} {} {{ {ip} timeout {ttl}s }}\n",
@@ -174,18 +196,26 @@ pub fn set_elements(rules: &[usize], addrs: &[(IpAddr, u32)]) -> String {
     out
 }
 
+/// Installs nft set elements (`nft -f -` in production).
+pub type AddElements = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// What the resolver shares with the rest of the egress daemon.
+#[derive(Clone)]
+pub struct Shared {
+    pub rules: Arc<Vec<Rule>>,
+    /// The names each address resolved from, for the proxy.
+    pub resolved: Arc<Resolved>,
+    pub trail: Arc<Trail>,
+    pub add: AddElements,
+}
+
 /// The resolver's loop: queries on `listener`, answers from `upstream`.
-/// `add` installs set elements (nft in production).
 pub fn serve(
-    policy: &Policy,
+    shared: Shared,
     listener: UdpSocket,
     upstream: Option<SocketAddr>,
-    add: Arc<dyn Fn(&str) -> bool + Send + Sync>,
 ) -> Result<(), ResolverError> {
-    let rules: Arc<Vec<Rule>> = Arc::new(match policy {
-        Policy::List(r) => r.clone(),
-        _ => Vec::new(),
-    });
+    let rules = shared.rules.clone();
     let listener = Arc::new(listener);
     let in_flight = Arc::new(AtomicUsize::new(0));
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
@@ -202,6 +232,17 @@ pub fn serve(
             Decision::Answer(bytes) => {
                 let _ = listener.send_to(&bytes, client);
             }
+            Decision::Refused { reply, name } => {
+                let _ = listener.send_to(&reply, client);
+                shared
+                    .trail
+                    .limited(&format!("dns {name}"), |_| Event::Dns {
+                        verdict: Verdict::Denied,
+                        name,
+                        rule: None,
+                        addresses: Vec::new(),
+                    });
+            }
             Decision::Forward { name, rules: which } => {
                 let Some(upstream) = upstream else {
                     if let Ok(msg) = Message::from_vec(&query) {
@@ -213,9 +254,10 @@ pub fn serve(
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                     continue;
                 }
-                let (listener, in_flight, add) = (listener.clone(), in_flight.clone(), add.clone());
+                let (listener, in_flight, shared) =
+                    (listener.clone(), in_flight.clone(), shared.clone());
                 std::thread::spawn(move || {
-                    forward(&query, &name, &which, upstream, client, &listener, &*add);
+                    forward(&query, &name, &which, upstream, client, &listener, &shared);
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                 });
             }
@@ -230,7 +272,7 @@ fn forward(
     upstream: SocketAddr,
     client: SocketAddr,
     listener: &UdpSocket,
-    add: &(dyn Fn(&str) -> bool + Send + Sync),
+    shared: &Shared,
 ) {
     let id = u16::from_be_bytes([query[0], query[1]]);
     let any: SocketAddr = if upstream.is_ipv4() {
@@ -255,11 +297,25 @@ fn forward(
         let Some(addrs) = answers(&buf[..n], id) else {
             continue;
         };
-        let elements = set_elements(rules, &addrs);
-        if !elements.is_empty() && !add(&elements) {
+        shared.resolved.remember(name, &addrs, Instant::now());
+        let elements = set_elements(&shared.rules, rules, &addrs);
+        if !elements.is_empty() && !(shared.add)(&elements) {
             tracing::warn!("egress resolver: cannot allow the addresses of {name}");
         }
         let _ = listener.send_to(&buf[..n], client);
+        let rule = rules
+            .first()
+            .and_then(|&i| shared.rules.get(i))
+            .map(|r| r.to_string());
+        let addresses: Vec<IpAddr> = addrs.iter().map(|(ip, _)| *ip).collect();
+        shared
+            .trail
+            .limited(&format!("dns-allowed {name}"), |_| Event::Dns {
+                verdict: Verdict::Allowed,
+                name: name.to_string(),
+                rule,
+                addresses,
+            });
         return;
     }
 }
@@ -267,6 +323,7 @@ fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::egress::Policy;
     use hickory_proto::op::{OpCode, Query};
     use hickory_proto::rr::rdata::{A, AAAA};
     use hickory_proto::rr::{Record, RecordType};
@@ -312,7 +369,9 @@ mod tests {
             "xexample.com",
         ] {
             match decide(&r, &query(denied, 9)) {
-                Decision::Answer(b) => assert_eq!(rcode(&b), ResponseCode::Refused, "{denied}"),
+                Decision::Refused { reply, .. } => {
+                    assert_eq!(rcode(&reply), ResponseCode::Refused, "{denied}")
+                }
                 other => panic!("{denied}: {other:?}"),
             }
         }
@@ -334,7 +393,9 @@ mod tests {
                 RecordType::A,
             ));
             match decide(&r, &m.to_vec().unwrap()) {
-                Decision::Answer(b) => assert_eq!(rcode(&b), ResponseCode::Refused, "{labels:?}"),
+                Decision::Refused { reply, .. } => {
+                    assert_eq!(rcode(&reply), ResponseCode::Refused, "{labels:?}")
+                }
                 other => panic!("{labels:?}: {other:?}"),
             }
         }
@@ -399,13 +460,17 @@ mod tests {
         assert!(answers(&bytes, 43).is_none(), "another query's answer");
         assert!(answers(&query("pypi.org", 42), 42).is_none(), "a query");
         assert!(answers(&bytes[..bytes.len() - 3], 42).is_none());
-        let els = set_elements(&[2], &answers(&bytes, 42).unwrap());
+        let r = rules("10.0.0.0/8,pypi.org:443,*.ntp.example:123/udp");
+        let els = set_elements(&r, &[1, 2], &answers(&bytes, 42).unwrap());
         assert!(els.contains("add element inet agentvm r2_v4 { 192.0.2.1 timeout 30s }"));
         assert!(els.contains("r2_v6 { 2001:db8::1 timeout 86400s }"));
+        // TCP names are the proxy's: no sets.
+        assert!(!els.contains("r1_"), "{els}");
     }
 
     /// A real round trip: an upstream that answers everything, the
-    /// resolver between, and what it asked to allow.
+    /// resolver between, what it asked to allow, what it remembered for
+    /// the proxy, and what it recorded.
     #[test]
     fn resolves_through_upstream_and_allows_what_it_answered() {
         let upstream = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -428,14 +493,17 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let added = Arc::new(std::sync::Mutex::new(String::new()));
         let sink = added.clone();
-        let policy: Policy = "pypi.org:443".parse().unwrap();
-        std::thread::spawn(move || {
-            let add: Arc<dyn Fn(&str) -> bool + Send + Sync> = Arc::new(move |s: &str| {
+        let shared = Shared {
+            rules: Arc::new(rules("pypi.org:443,pypi.org:53/udp")),
+            resolved: Arc::new(Resolved::default()),
+            trail: Arc::new(Trail::memory("c")),
+            add: Arc::new(move |s: &str| {
                 sink.lock().unwrap().push_str(s);
                 true
-            });
-            serve(&policy, listener, Some(up_addr), add)
-        });
+            }),
+        };
+        let (resolved, trail) = (shared.resolved.clone(), shared.trail.clone());
+        std::thread::spawn(move || serve(shared, listener, Some(up_addr)));
         let client = UdpSocket::bind("127.0.0.1:0").unwrap();
         client
             .set_read_timeout(Some(Duration::from_secs(5)))
@@ -451,7 +519,21 @@ mod tests {
         assert_eq!(m.answers.len(), 1);
         assert_eq!(
             added.lock().unwrap().trim(),
-            "add element inet agentvm r0_v4 { 192.0.2.9 timeout 300s }"
+            "add element inet agentvm r1_v4 { 192.0.2.9 timeout 300s }"
+        );
+        assert_eq!(
+            resolved.names_of("192.0.2.9".parse().unwrap(), Instant::now()),
+            vec!["pypi.org"]
+        );
+        let events = trail.events();
+        assert!(
+            matches!(&events[0], Event::Dns { verdict: Verdict::Denied, name, .. } if name == "evil.com"),
+            "{events:?}"
+        );
+        assert!(
+            matches!(&events[1], Event::Dns { verdict: Verdict::Allowed, name, addresses, .. }
+                if name == "pypi.org" && addresses.len() == 1),
+            "{events:?}"
         );
     }
 }

@@ -12,7 +12,7 @@ use crate::audit::{DenyLimiter, Event, Log};
 /// One line per denied destination per this long.
 pub const DENY_INTERVAL: Duration = Duration::from_secs(60);
 /// Denied destinations tracked at once.
-pub const DENY_CAPACITY: usize = 4096;
+pub const DENY_CAPACITY: usize = 1024;
 
 enum Sink {
     File(Log),
@@ -79,10 +79,10 @@ impl Trail {
         }
     }
 
-    /// Records a denial unless one for `key` (the destination) was
-    /// recorded less than [`DENY_INTERVAL`] ago; `event` gets the count of
-    /// those not recorded since.
-    pub fn denied(&self, key: &str, event: impl FnOnce(u64) -> Event) {
+    /// Records an event unless one for `key` (a denied destination, a
+    /// name) was recorded less than [`DENY_INTERVAL`] ago; `event` gets
+    /// the count of those not recorded since.
+    pub fn limited(&self, key: &str, event: impl FnOnce(u64) -> Event) {
         let admitted = match self.limiter.lock() {
             Ok(mut l) => l.admit(key, Instant::now()),
             Err(_) => None,

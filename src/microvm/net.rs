@@ -43,8 +43,8 @@ pub const TAP_PREFIX: &str = "avtap";
 pub enum NetError {
     #[error("microvm network: {0}")]
     Netlink(#[from] NetlinkError),
-    #[error("microvm network: cannot install the egress rules with nft: {0}")]
-    Nft(String),
+    #[error("microvm network: {0}")]
+    Nft(#[from] crate::egress::nft::NftError),
     #[error("microvm network: {what}: {source}")]
     Io {
         what: String,
@@ -109,6 +109,8 @@ pub struct Plumbed {
     /// The same, by link name, for `delete` to put back in a namespace
     /// that outlives the container (CNI's).
     names: Vec<Restore>,
+    /// The egress proxy's listener (a policy other than `allow`).
+    pub proxy: Option<std::net::TcpListener>,
     /// The egress rules' table is installed.
     nft: bool,
     /// Addresses the guest took over, by link index.
@@ -149,7 +151,7 @@ pub fn restore(netns: &Path, entries: &[Restore], egress_rules: bool) {
             return;
         }
         if egress_rules {
-            let _ = remove_egress_rules();
+            let _ = crate::egress::nft::remove();
         }
         let Ok(mut nl) = Netlink::open() else {
             return;
@@ -190,7 +192,7 @@ impl Plumbed {
     /// Installs the egress rules (removed again if boot fails).
     pub fn install_egress(&mut self, ruleset: &str) -> Result<(), NetError> {
         self.nft = true;
-        apply_nft(ruleset)
+        crate::egress::nft::apply(ruleset).map_err(NetError::Nft)
     }
 
     pub fn keep(mut self) -> (Option<HostDnsRelay>, Vec<Restore>) {
@@ -214,7 +216,7 @@ impl Drop for Plumbed {
             }
         }
         if self.nft {
-            let _ = remove_egress_rules();
+            let _ = crate::egress::nft::remove();
         }
         if self.restore.is_empty() {
             return;
@@ -232,8 +234,10 @@ impl Drop for Plumbed {
 /// Reads the namespace the calling thread is in and plumbs a NIC for the
 /// guest per interface. `resolv_conf` is the container's resolver file.
 ///
-/// `dns` says how the guest resolves names (see [`DnsMode`]).
-pub fn plumb(resolv_conf: Option<&str>, dns: DnsMode) -> Result<Plumbed, NetError> {
+/// `dns` says how the guest resolves names (see [`DnsMode`]); with
+/// `egress` (a policy other than `allow`) the namespace also gets the
+/// egress proxy's listener on the service address.
+pub fn plumb(resolv_conf: Option<&str>, dns: DnsMode, egress: bool) -> Result<Plumbed, NetError> {
     let mut nl = Netlink::open()?;
     let links = nl.links()?;
     let addrs = nl.addresses()?;
@@ -396,14 +400,21 @@ pub fn plumb(resolv_conf: Option<&str>, dns: DnsMode) -> Result<Plumbed, NetErro
                 .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
         ),
     };
-    if let (Some(up), Some(iface)) = (upstream, out.guest.interfaces.first_mut()) {
-        let tap_index = nl
-            .links()?
-            .into_iter()
-            .find(|l| l.name == format!("{TAP_PREFIX}0"))
-            .map(|l| l.index)
-            .unwrap_or(0);
-        nl.add_address(tap_index, IpAddr::V4(DNS_RELAY), 32)?;
+    let Some(iface) = out.guest.interfaces.first_mut() else {
+        return Ok(out);
+    };
+    if upstream.is_none() && !egress {
+        return Ok(out);
+    }
+    // The service address: the DNS relay's and the egress proxy's.
+    let tap_index = nl
+        .links()?
+        .into_iter()
+        .find(|l| l.name == format!("{TAP_PREFIX}0"))
+        .map(|l| l.index)
+        .unwrap_or(0);
+    nl.add_address(tap_index, IpAddr::V4(DNS_RELAY), 32)?;
+    if let Some(up) = upstream {
         let listener = UdpSocket::bind(SocketAddr::new(IpAddr::V4(DNS_RELAY), 53))
             .map_err(io(format!("bind {DNS_RELAY}:53")))?;
         // The relay thread runs jailed, where no socket can be opened.
@@ -423,20 +434,8 @@ pub fn plumb(resolv_conf: Option<&str>, dns: DnsMode) -> Result<Plumbed, NetErro
                 gateway: None,
             },
         );
-        if dns == DnsMode::Resolver {
-            // The resolver's queries leave from the container's address:
-            // their replies are for the namespace, not the guest.
-            out.local_rule = true;
-            for (link, addr) in out.owned.clone() {
-                nl.add_route(&local_route(link, addr))?;
-            }
-            nl.add_rule(false, LOCAL_MARK, LOCAL_TABLE.into(), LOCAL_RULE_PRIORITY)?;
-        }
         if !loopback_resolvers.is_empty() {
-            out.guest.dns = Some(DnsRelay {
-                listen: loopback_resolvers.clone(),
-                upstream: SocketAddr::new(IpAddr::V4(DNS_RELAY), 53),
-            });
+            iface_dns(&mut out.guest, &loopback_resolvers);
         }
         out.dns = Some(HostDnsRelay {
             listener,
@@ -444,91 +443,97 @@ pub fn plumb(resolv_conf: Option<&str>, dns: DnsMode) -> Result<Plumbed, NetErro
             upstream: (!up.is_unspecified()).then(|| SocketAddr::new(up, 53)),
         });
     }
+    if egress {
+        // The egress daemon's queries and connections leave from the
+        // container's address: their replies are for the namespace, not
+        // the guest.
+        out.local_rule = true;
+        for (link, addr) in out.owned.clone() {
+            nl.add_route(&local_route(link, addr))?;
+        }
+        nl.add_rule(false, LOCAL_MARK, LOCAL_TABLE.into(), LOCAL_RULE_PRIORITY)?;
+        let at = SocketAddr::new(IpAddr::V4(DNS_RELAY), crate::egress::proxy::PROXY_PORT);
+        out.proxy = Some(
+            std::net::TcpListener::bind(at)
+                .map_err(io(format!("bind the egress proxy on {at}")))?,
+        );
+    }
     Ok(out)
 }
 
-/// The resolver gets its listening socket as this descriptor.
-pub const RESOLVER_FD: i32 = 3;
+/// The guest's resolvers on loopback, relayed to the service address.
+fn iface_dns(guest: &mut Network, loopback: &[IpAddr]) {
+    guest.dns = Some(DnsRelay {
+        listen: loopback.to_vec(),
+        upstream: SocketAddr::new(IpAddr::V4(DNS_RELAY), 53),
+    });
+}
 
-/// Starts `agentvm egress-resolver` for `policy` on the relay's socket, in
-/// this namespace; it dies with the supervisor. Its log is `resolver.log`
-/// in `run_dir`.
-pub fn spawn_resolver(
+/// Starts `agentvm egress-daemon` for `policy` in this namespace, with the
+/// resolver's socket (names in the policy) and the proxy's listener; it
+/// dies with the supervisor. Its log is `egress.log` in `run_dir`.
+pub fn spawn_egress_daemon(
     policy: &str,
-    relay: HostDnsRelay,
+    id: &str,
+    audit: &Path,
+    dns: Option<HostDnsRelay>,
+    proxy: std::net::TcpListener,
     run_dir: &Path,
 ) -> Result<std::process::Child, NetError> {
+    use crate::egress::daemon::{DNS_FD, PROXY_FD};
     use std::os::unix::process::CommandExt;
     let exe = std::fs::read_link("/proc/self/exe").map_err(io("find the agentvm binary"))?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg("egress-resolver").arg("--policy").arg(policy);
-    if let Some(up) = relay.upstream {
+    cmd.arg("egress-daemon")
+        .arg("--policy")
+        .arg(policy)
+        .arg("--id")
+        .arg(id)
+        .arg("--audit")
+        .arg(audit)
+        .arg("--own")
+        .arg(DNS_RELAY.to_string());
+    if let Some(up) = dns.as_ref().and_then(|d| d.upstream) {
         cmd.arg("--upstream").arg(up.to_string());
+    }
+    if dns.is_some() {
+        cmd.arg("--dns");
     }
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(run_dir.join("resolver.log"))
-        .map_err(io("open resolver.log"))?;
+        .open(run_dir.join("egress.log"))
+        .map_err(io("open egress.log"))?;
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log);
-    let fd = relay.listener.as_raw_fd();
+    let dns_fd = dns.as_ref().map(|d| d.listener.as_raw_fd());
+    let proxy_fd = proxy.as_raw_fd();
     // SAFETY: between fork and exec only dup2, which is async-signal-safe;
-    // the listener stays open until spawn returns (`relay` owns it).
+    // both sockets stay open until spawn returns (this function owns them).
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(fd, RESOLVER_FD) < 0 {
+            // The proxy first: its descriptor may be DNS_FD itself.
+            let moved = libc::fcntl(proxy_fd, libc::F_DUPFD_CLOEXEC, PROXY_FD + 1);
+            if moved < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(fd) = dns_fd {
+                if libc::dup2(fd, DNS_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if libc::dup2(moved, PROXY_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
     super::vmm::die_with_parent(&mut cmd);
-    super::vmm::inherit_below(&mut cmd, RESOLVER_FD as u32 + 1);
-    cmd.spawn().map_err(io("start the egress resolver"))
-}
-
-/// Removes the egress rules' table from the calling thread's namespace
-/// (declaring it first, so a namespace without it is no error).
-fn remove_egress_rules() -> Result<(), NetError> {
-    apply_nft(&format!(
-        "table inet {0}\ndelete table inet {0}\n",
-        crate::egress::NFT_TABLE
-    ))
-}
-
-/// Where Debian installs nft; PATH is the fallback.
-const NFT: &str = "/usr/sbin/nft";
-
-/// Loads an nftables ruleset (`nft -f -`) into the calling thread's
-/// network namespace.
-pub fn apply_nft(ruleset: &str) -> Result<(), NetError> {
-    let nft = if Path::new(NFT).exists() { NFT } else { "nft" };
-    let mut child = std::process::Command::new(nft)
-        .args(["-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| NetError::Nft(format!("run {nft}: {e}")))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        use std::io::Write;
-        stdin
-            .write_all(ruleset.as_bytes())
-            .map_err(|e| NetError::Nft(format!("write to {nft}: {e}")))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| NetError::Nft(format!("wait for {nft}: {e}")))?;
-    if !out.status.success() {
-        return Err(NetError::Nft(
-            String::from_utf8_lossy(&out.stderr)
-                .trim()
-                .replace('\n', "; "),
-        ));
-    }
-    Ok(())
+    super::vmm::inherit_below(&mut cmd, PROXY_FD as u32 + 1);
+    let child = cmd.spawn().map_err(io("start the egress daemon"));
+    drop((dns, proxy));
+    child
 }
 
 /// The `nameserver` addresses of a resolv.conf.

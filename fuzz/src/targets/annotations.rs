@@ -317,11 +317,13 @@ fn check_policy(text: &str) {
             );
         }
     }
-    if let Some(rs) = ruleset(&policy, "avtap", None) {
-        // One accept line per address rule, one per family per name rule.
+    if let Some(rs) = ruleset(&policy, "avtap", std::net::Ipv4Addr::new(169, 254, 53, 53)) {
+        // TCP rules are the proxy's; one accept line per UDP address
+        // rule, one per family per UDP name rule.
         let want: usize = match &policy {
             Policy::List(rules) => rules
                 .iter()
+                .filter(|r| r.proto == agentvm::egress::Proto::Udp)
                 .map(|r| match r.target {
                     Target::Net { .. } => 1,
                     _ => 2,
@@ -329,7 +331,10 @@ fn check_policy(text: &str) {
                 .sum(),
             _ => 0,
         };
-        let accepts = rs.lines().filter(|l| l.contains("counter accept")).count();
+        let accepts = rs
+            .lines()
+            .filter(|l| l.contains(" accept comment "))
+            .count();
         assert_eq!(accepts, want, "accept lines for {shown:?}");
     }
 }

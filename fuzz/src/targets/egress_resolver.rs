@@ -234,7 +234,7 @@ fn check_decision(rules: &[Rule], datagram: &[u8]) {
     let parsed = Message::from_vec(datagram).ok();
     match decide(rules, datagram) {
         Decision::Drop => {}
-        Decision::Answer(bytes) => {
+        Decision::Answer(bytes) | Decision::Refused { reply: bytes, .. } => {
             let Some(q) = parsed else {
                 panic!("an answer to bytes that are not a message")
             };
@@ -309,8 +309,13 @@ fn check_answers(reply: &[u8], id: u16) {
     for (_, ttl) in &addrs {
         assert!((MIN_TTL..=MAX_TTL).contains(ttl), "ttl {ttl}");
     }
-    let elements = set_elements(&[0, 7], &addrs);
-    assert_eq!(elements.lines().count(), 2 * addrs.len());
+    let rules = match "a.example:53/udp,b.example:443".parse::<Policy>() {
+        Ok(Policy::List(r)) => r,
+        _ => Vec::new(),
+    };
+    // Rule 0 has sets (UDP), rule 1 not (TCP: the proxy's), 7 is none.
+    let elements = set_elements(&rules, &[0, 1, 7], &addrs);
+    assert_eq!(elements.lines().count(), addrs.len());
     for line in elements.lines() {
         assert!(
             line.starts_with("add element inet agentvm r")
@@ -343,7 +348,7 @@ mod tests {
             };
             let i = match decide(&rules, &query_bytes(&input.query)) {
                 Decision::Drop => 0,
-                Decision::Answer(_) => 1,
+                Decision::Answer(_) | Decision::Refused { .. } => 1,
                 Decision::Forward { .. } => 2,
             };
             counts[i] += 1;

@@ -9,6 +9,7 @@ use arbitrary::Unstructured;
 pub mod annotations;
 pub mod config;
 pub mod dns_relay;
+pub mod egress_proxy;
 pub mod egress_resolver;
 pub mod protocol;
 pub mod spec;
@@ -57,6 +58,12 @@ pub const TARGETS: &[Target] = &[
         about: "the egress resolver: sandbox DNS queries it forwards or refuses, upstream answers it allows",
         generate: egress_resolver::generate,
         run: egress_resolver::run,
+    },
+    Target {
+        name: "egress_proxy",
+        about: "the egress proxy: first flights (TLS ClientHello, HTTP) read for a name, the judgement, logged packet headers",
+        generate: egress_proxy::generate,
+        run: egress_proxy::run,
     },
     Target {
         name: "annotations",

@@ -187,28 +187,36 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     let mut plumbed = super::net::plumb(
         super::net::resolv_conf(&spec, &state.rootfs).as_deref(),
         dns_mode,
+        !egress.is_allow(),
     )?;
     for w in &plumbed.warnings {
         tracing::warn!("container {}: {w}", state.id);
     }
     // Before the guest exists, so its first packet meets them.
-    let relay_addr = plumbed
-        .dns
-        .as_ref()
-        .map(|_| std::net::IpAddr::V4(super::net::DNS_RELAY));
-    if let Some(rules) = crate::egress::ruleset(&egress, super::net::TAP_PREFIX, relay_addr) {
+    if let Some(rules) =
+        crate::egress::ruleset(&egress, super::net::TAP_PREFIX, super::net::DNS_RELAY)
+    {
         plumbed.install_egress(&rules)?;
     }
-    // The policy's resolver runs beside the supervisor, unjailed enough
-    // to add the addresses it resolves to the rules' sets.
-    let _resolver = match (dns_mode, plumbed.dns.take()) {
-        (super::net::DnsMode::Resolver, Some(relay)) => {
-            Some(super::net::spawn_resolver(&state.egress, relay, dir)?)
+    // The policy's resolver, proxy and log reader run beside the
+    // supervisor, unjailed enough to add the addresses it resolves to the
+    // rules' sets.
+    let _egress_daemon = match plumbed.proxy.take() {
+        Some(proxy) => {
+            let dns = match dns_mode {
+                super::net::DnsMode::Resolver => plumbed.dns.take(),
+                _ => None,
+            };
+            Some(super::net::spawn_egress_daemon(
+                &state.egress,
+                &state.id,
+                &args.config.audit.path(),
+                dns,
+                proxy,
+                dir,
+            )?)
         }
-        (_, relay) => {
-            plumbed.dns = relay;
-            None
-        }
+        None => None,
     };
 
     let plan = super::spec::plan(&spec, &state.bundle, &state.rootfs, &args.config)?;

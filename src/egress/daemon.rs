@@ -1,0 +1,121 @@
+//! The egress daemon: one process per sandbox that has a policy, in the
+//! container's network namespace, started before the workload can send a
+//! packet. It is where the policy's user-space parts run:
+//! - the resolver (names: `resolver.rs`), on the service address's UDP/53;
+//! - the transparent TCP proxy (`proxy.rs`), on the service address's
+//!   [`proxy::PROXY_PORT`];
+//! - the reader of what nftables logs of other traffic (`nflog.rs`);
+//!
+//! and all of them write the audit trail (`trail.rs`). The rules in
+//! nftables send the sandbox's traffic here; the daemon adds to them only
+//! the addresses of UDP rules' names.
+//!
+//! The daemon gets its listening sockets from its parent, bound already
+//! (descriptors [`DNS_FD`] and [`PROXY_FD`]); if any part of it stops, the
+//! daemon exits, and the policy's rules — which send everything to it —
+//! keep denying.
+
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::proxy::{Proxy, Resolved};
+use super::resolver::{AddElements, Shared};
+use super::trail::Trail;
+use super::{Policy, PolicyError};
+
+/// The resolver's UDP socket, when the policy has names.
+pub const DNS_FD: i32 = 3;
+/// The proxy's TCP listener.
+pub const PROXY_FD: i32 = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("egress daemon: {0}")]
+    Policy(#[from] PolicyError),
+    #[error("egress daemon: {0}")]
+    Log(#[from] super::nflog::NflogError),
+    #[error("egress daemon: {0}")]
+    Resolver(#[from] super::resolver::ResolverError),
+    #[error("egress daemon: the proxy stopped: {0}")]
+    Proxy(std::io::Error),
+    #[error("egress daemon: cannot start a thread: {0}")]
+    Thread(std::io::Error),
+}
+
+pub struct Options {
+    pub policy: Policy,
+    pub id: String,
+    pub audit: Option<PathBuf>,
+    /// The container's own resolver, for allowed names.
+    pub upstream: Option<SocketAddr>,
+    pub dns: Option<UdpSocket>,
+    pub proxy: TcpListener,
+    /// The namespace's service addresses (never a destination).
+    pub own: Vec<IpAddr>,
+    pub add: AddElements,
+}
+
+/// Runs until a part stops (which is an error: they serve forever).
+pub fn run(opts: Options) -> Result<(), DaemonError> {
+    let rules = Arc::new(match &opts.policy {
+        Policy::List(r) => r.clone(),
+        _ => Vec::new(),
+    });
+    let trail = Arc::new(Trail::open(opts.audit.as_deref(), &opts.id));
+    let resolved = Arc::new(Resolved::default());
+    // Bind the log group before anything is served, so the first denial
+    // is seen.
+    let log = super::nflog::open()?;
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<DaemonError>();
+
+    {
+        let (rules, trail, done) = (rules.clone(), trail.clone(), done_tx.clone());
+        std::thread::Builder::new()
+            .name("egress-log".into())
+            .spawn(move || {
+                if let Err(e) = super::nflog::serve(log, &rules, &trail) {
+                    let _ = done.send(e.into());
+                }
+            })
+            .map_err(DaemonError::Thread)?;
+    }
+    if let Some(dns) = opts.dns {
+        let shared = Shared {
+            rules: rules.clone(),
+            resolved: resolved.clone(),
+            trail: trail.clone(),
+            add: opts.add.clone(),
+        };
+        let (upstream, done) = (opts.upstream, done_tx.clone());
+        std::thread::Builder::new()
+            .name("egress-dns".into())
+            .spawn(move || {
+                if let Err(e) = super::resolver::serve(shared, dns, upstream) {
+                    let _ = done.send(e.into());
+                }
+            })
+            .map_err(DaemonError::Thread)?;
+    }
+    let proxy = Arc::new(Proxy {
+        rules,
+        resolved,
+        trail,
+        own: opts.own,
+    });
+    let listener = opts.proxy;
+    std::thread::Builder::new()
+        .name("egress-proxy".into())
+        .spawn(move || {
+            if let Err(e) = proxy.serve(listener) {
+                let _ = done_tx.send(DaemonError::Proxy(e));
+            }
+        })
+        .map_err(DaemonError::Thread)?;
+    match done_rx.recv() {
+        Ok(e) => Err(e),
+        // Every sender gone without a word: cannot happen while the proxy
+        // thread lives, as it holds one.
+        Err(_) => Ok(()),
+    }
+}

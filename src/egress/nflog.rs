@@ -1,0 +1,307 @@
+//! What nftables reports of the sandbox's non-TCP traffic. The egress rules
+//! log each new flow they judge — denied, or allowed by a UDP rule — to the
+//! netlink log group [`GROUP`] of the container's namespace, with a prefix
+//! saying which ([`prefix_denied`], [`prefix_allowed`]); the egress daemon
+//! reads them here and turns them into audit events. TCP never gets here:
+//! the proxy sees and records every TCP connection itself.
+//!
+//! Only the packet's first [`COPY_RANGE`] bytes are copied from the
+//! kernel, and the packet is the sandbox's: its headers are parsed with a
+//! bound check on every field.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+use netlink_packet_netfilter::nflog::{
+    config_request, ConfigCmd, ConfigMode, PacketNla, ULogMessage,
+};
+use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
+use netlink_sys::{constants::NETLINK_NETFILTER, Socket};
+
+use crate::audit::{Event, Verdict};
+
+use super::trail::Trail;
+use super::Rule;
+
+/// The netlink log group of the egress rules (per network namespace).
+pub const GROUP: u16 = 176;
+/// Bytes of each packet copied: IP and transport headers.
+pub const COPY_RANGE: u32 = 96;
+
+/// The prefix of denials.
+pub fn prefix_denied() -> &'static str {
+    "agentvm deny"
+}
+
+/// The prefix of flows rule `index` allowed.
+pub fn prefix_allowed(index: usize) -> String {
+    format!("agentvm allow {index}")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NflogError {
+    #[error("egress log: {what}: {source}")]
+    Io {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("egress log: the kernel refused {what}: errno {code}")]
+    Refused { what: &'static str, code: i32 },
+}
+
+/// One flow, as read from its first packet.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Flow {
+    pub proto: String,
+    pub dst: IpAddr,
+    pub port: u16,
+}
+
+/// The protocol, destination and destination port of an IP packet.
+pub fn parse_packet(p: &[u8]) -> Option<Flow> {
+    let (proto, dst, l4) = match p.first()? >> 4 {
+        4 => {
+            let ihl = usize::from(p.first()? & 0x0f) * 4;
+            if ihl < 20 {
+                return None;
+            }
+            let dst = Ipv4Addr::new(*p.get(16)?, *p.get(17)?, *p.get(18)?, *p.get(19)?);
+            (
+                *p.get(9)?,
+                IpAddr::V4(dst),
+                p.get(ihl..).unwrap_or_default(),
+            )
+        }
+        6 => {
+            let octets: [u8; 16] = p.get(24..40)?.try_into().ok()?;
+            (
+                *p.get(6)?,
+                IpAddr::V6(Ipv6Addr::from(octets)),
+                p.get(40..).unwrap_or_default(),
+            )
+        }
+        _ => return None,
+    };
+    let name = match proto {
+        1 => "icmp".to_string(),
+        6 => "tcp".to_string(),
+        17 => "udp".to_string(),
+        58 => "icmpv6".to_string(),
+        132 => "sctp".to_string(),
+        n => n.to_string(),
+    };
+    let port = match proto {
+        6 | 17 | 132 => match l4.get(2..4) {
+            Some(b) => u16::from_be_bytes([b[0], b[1]]),
+            None => 0,
+        },
+        _ => 0,
+    };
+    Some(Flow {
+        proto: name,
+        dst,
+        port,
+    })
+}
+
+/// What a logged packet means: `(verdict, rule index)`.
+pub fn parse_prefix(prefix: &[u8]) -> Option<(Verdict, Option<usize>)> {
+    let p = std::str::from_utf8(prefix).ok()?.trim_end_matches('\0');
+    if p == prefix_denied() {
+        return Some((Verdict::Denied, None));
+    }
+    let index = p.strip_prefix("agentvm allow ")?.parse().ok()?;
+    Some((Verdict::Allowed, Some(index)))
+}
+
+/// What one logged packet says: the limiter's key, the verdict, and the
+/// event (given the count of suppressed denials before it).
+pub fn event(
+    rules: &[Rule],
+    nlas: &[PacketNla],
+) -> Option<(String, Verdict, impl FnOnce(u64) -> Event)> {
+    let mut prefix = None;
+    let mut payload = None;
+    for nla in nlas {
+        match nla {
+            PacketNla::Prefix(p) => prefix = Some(p.as_bytes()),
+            PacketNla::Payload(p) => payload = Some(p.as_slice()),
+            _ => {}
+        }
+    }
+    let (verdict, rule) = parse_prefix(prefix?)?;
+    let flow = parse_packet(payload?)?;
+    let word = match verdict {
+        Verdict::Denied => "deny",
+        Verdict::Allowed => "allow",
+    };
+    let key = format!("{word} {} {}:{}", flow.proto, flow.dst, flow.port);
+    let rule = rule.and_then(|i| rules.get(i)).map(|r| r.to_string());
+    let build = move |suppressed| Event::Connection {
+        verdict,
+        rule,
+        reason: None,
+        proto: flow.proto,
+        dst: flow.dst,
+        port: flow.port,
+        name: None,
+        name_from: None,
+        bytes_out: 0,
+        bytes_in: 0,
+        duration_ms: 0,
+        suppressed,
+    };
+    Some((key, verdict, build))
+}
+
+fn send(socket: &Socket, msg: NetlinkMessage<NetfilterMessage>) -> Result<(), NflogError> {
+    let mut buf = vec![0; msg.buffer_len()];
+    msg.serialize(&mut buf);
+    socket.send(&buf, 0).map_err(|source| NflogError::Io {
+        what: "send a config request",
+        source,
+    })?;
+    Ok(())
+}
+
+fn ack(socket: &Socket, what: &'static str) -> Result<(), NflogError> {
+    let mut buf = vec![0u8; 8192];
+    let n = socket
+        .recv(&mut &mut buf[..], 0)
+        .map_err(|source| NflogError::Io { what, source })?;
+    if let Ok(msg) = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[..n]) {
+        if let NetlinkPayload::Error(e) = msg.payload {
+            if let Some(code) = e.code {
+                return Err(NflogError::Refused {
+                    what,
+                    code: code.get(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Binds to [`GROUP`] in the calling thread's network namespace.
+pub fn open() -> Result<Socket, NflogError> {
+    let mut socket = Socket::new(NETLINK_NETFILTER).map_err(|source| NflogError::Io {
+        what: "open a netfilter socket",
+        source,
+    })?;
+    socket.bind_auto().map_err(|source| NflogError::Io {
+        what: "bind the netfilter socket",
+        source,
+    })?;
+    for family in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
+        send(
+            &socket,
+            config_request(
+                family,
+                GROUP,
+                vec![
+                    ConfigCmd::Bind.into(),
+                    ConfigMode::new_packet(COPY_RANGE).into(),
+                ],
+            ),
+        )?;
+        match ack(&socket, "bind the log group") {
+            // The group is bound once for all families.
+            Err(NflogError::Refused { code, .. }) if code == -libc::EBUSY => {}
+            other => other?,
+        }
+    }
+    Ok(socket)
+}
+
+/// Reads logged packets until the socket fails, recording each.
+pub fn serve(socket: Socket, rules: &[Rule], trail: &Trail) -> Result<(), NflogError> {
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = match socket.recv(&mut &mut buf[..], 0) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            // The kernel dropped messages for a slow reader: go on.
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => continue,
+            Err(source) => {
+                return Err(NflogError::Io {
+                    what: "receive",
+                    source,
+                })
+            }
+        };
+        let mut at = 0;
+        while at < n {
+            let Ok(msg) = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[at..n]) else {
+                break;
+            };
+            let len = msg.header.length as usize;
+            if let NetlinkPayload::InnerMessage(NetfilterMessage {
+                inner: NetfilterMessageInner::ULog(ULogMessage::Packet(nlas)),
+                ..
+            }) = &msg.payload
+            {
+                if let Some((key, verdict, build)) = event(rules, nlas) {
+                    match verdict {
+                        Verdict::Denied => trail.limited(&key, build),
+                        // One line per new flow (the rule logs only those).
+                        Verdict::Allowed => trail.record(build(0)),
+                    }
+                }
+            }
+            if len == 0 {
+                break;
+            }
+            at += len;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packets_give_protocol_destination_and_port() {
+        let mut udp = vec![0x45, 0, 0, 40, 0, 0, 0, 0, 64, 17, 0, 0];
+        udp.extend([10, 0, 0, 2, 192, 0, 2, 7]);
+        udp.extend([0x30, 0x39, 0, 53, 0, 8, 0, 0]);
+        assert_eq!(
+            parse_packet(&udp),
+            Some(Flow {
+                proto: "udp".into(),
+                dst: "192.0.2.7".parse().unwrap(),
+                port: 53
+            })
+        );
+        // Truncated anywhere: no panic; a header without ports gives 0.
+        for cut in 0..udp.len() {
+            let _ = parse_packet(&udp[..cut]);
+        }
+        assert_eq!(parse_packet(&udp[..20]).map(|f| f.port), Some(0));
+        let mut icmp = udp.clone();
+        icmp[9] = 1;
+        assert_eq!(
+            parse_packet(&icmp).map(|f| (f.proto, f.port)),
+            Some(("icmp".into(), 0))
+        );
+        // A header length below the minimum.
+        let mut bad = udp.clone();
+        bad[0] = 0x41;
+        assert_eq!(parse_packet(&bad), None);
+        assert_eq!(parse_packet(&[0x75]), None);
+    }
+
+    #[test]
+    fn prefixes_name_the_verdict_and_rule() {
+        assert_eq!(
+            parse_prefix(b"agentvm deny\0"),
+            Some((Verdict::Denied, None))
+        );
+        assert_eq!(
+            parse_prefix(prefix_allowed(3).as_bytes()),
+            Some((Verdict::Allowed, Some(3)))
+        );
+        assert_eq!(parse_prefix(b"agentvm allow x"), None);
+        assert_eq!(parse_prefix(b"something else"), None);
+    }
+}
