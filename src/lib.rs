@@ -17,6 +17,7 @@ pub mod context;
 pub mod dns_relay;
 pub mod egress;
 pub mod guest;
+pub mod jail;
 pub mod logging;
 pub mod microvm;
 pub mod netlink;

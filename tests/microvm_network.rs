@@ -715,6 +715,7 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
         &"t() { n=$(nc -w 3 $2 $4 < /data/$3 2>/dev/null | wc -c); \
                [ \"$n\" -gt 0 ] && echo \"$1 ok\" || echo \"$1 refused\"; }; \
          nslookup -type=a allowed.test >/dev/null 2>&1 && echo 'lookup ok' || echo 'lookup refused'; \
+         for a in 10.231.0.1 10.231.0.3; do timeout -s KILL 2 tftp -g -r x -l /dev/null $a 9999 2>/dev/null; done; \
          t host-allowed 10.231.0.1 host-allowed 8000; \
          t sni-allowed 10.231.0.1 sni-allowed 8000; \
          t host-denied 10.231.0.1 host-denied 8000; \
@@ -751,7 +752,7 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
     let id = "mvn-forge";
     let out = f.agentvm(&[
         "--egress",
-        "allowed.test:8000",
+        "allowed.test:8000,allowed.test:9999/udp",
         "run",
         "--bundle",
         &bundle_arg(&f),
@@ -799,12 +800,17 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
         serde_json::json!({"event": "dns", "verdict": "allowed", "name": "allowed.test"}),
         serde_json::json!({"event": "dns", "verdict": "denied", "name": "denied.test"}),
         serde_json::json!({"event": "connection", "verdict": "allowed", "dst": PEER, "port": 8000,
-                           "name": "allowed.test", "name_from": "host", "rule": "allowed.test:8000"}),
+                           "name": "allowed.test", "name_from": "host"}),
         serde_json::json!({"event": "connection", "verdict": "allowed", "name": "allowed.test", "name_from": "sni"}),
         serde_json::json!({"event": "connection", "verdict": "denied", "name": "denied.test", "name_from": "host"}),
         serde_json::json!({"event": "connection", "verdict": "denied", "name": "denied.test", "name_from": "sni"}),
         serde_json::json!({"event": "connection", "verdict": "denied", "dst": "10.231.0.3", "port": 8000}),
         serde_json::json!({"event": "connection", "verdict": "denied", "proto": "tcp", "dst": PEER, "port": 53}),
+        // A UDP rule naming a host: the jailed daemon added the address
+        // the name resolved to, and only that one, to the rule's set.
+        serde_json::json!({"event": "connection", "verdict": "allowed", "proto": "udp", "dst": PEER,
+                           "port": 9999, "rule": "allowed.test:9999/udp"}),
+        serde_json::json!({"event": "connection", "verdict": "denied", "proto": "udp", "dst": "10.231.0.3", "port": 9999}),
     ] {
         assert!(has_record(&audit, want.clone()), "no {want} in\n{shown}");
     }

@@ -39,6 +39,8 @@ pub enum DaemonError {
     Resolver(#[from] super::resolver::ResolverError),
     #[error("egress daemon: the proxy stopped: {0}")]
     Proxy(std::io::Error),
+    #[error("egress daemon: {0}")]
+    Jail(#[from] crate::jail::JailError),
     #[error("egress daemon: cannot start a thread: {0}")]
     Thread(std::io::Error),
 }
@@ -67,6 +69,8 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
     // Bind the log group before anything is served, so the first denial
     // is seen.
     let log = super::nflog::open()?;
+    // Everything it opens with privilege is open: jail it.
+    super::jail::enter(rules.iter().any(super::resolver::has_sets))?;
     let (done_tx, done_rx) = std::sync::mpsc::channel::<DaemonError>();
 
     {

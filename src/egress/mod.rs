@@ -27,6 +27,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
 
 pub mod daemon;
+pub mod jail;
 pub mod nflog;
 pub mod nft;
 pub mod proxy;

@@ -302,7 +302,6 @@ fn forward(
         if !elements.is_empty() && !(shared.add)(&elements) {
             tracing::warn!("egress resolver: cannot allow the addresses of {name}");
         }
-        let _ = listener.send_to(&buf[..n], client);
         let rule = rules
             .first()
             .and_then(|&i| shared.rules.get(i))
@@ -316,6 +315,7 @@ fn forward(
                 rule,
                 addresses,
             });
+        let _ = listener.send_to(&buf[..n], client);
         return;
     }
 }

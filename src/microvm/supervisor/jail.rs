@@ -10,22 +10,9 @@
 //! ptrace, mounts, module loading, namespace changes, new privileges) kill
 //! it at once.
 
-use libseccomp::{
-    ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall,
-};
+use libseccomp::ScmpFilterContext;
 
-#[derive(Debug, thiserror::Error)]
-pub enum JailError {
-    #[error("cannot drop capabilities: {0}")]
-    Capabilities(String),
-    #[error("cannot set no_new_privs: {0}")]
-    NoNewPrivs(std::io::Error),
-    #[error("cannot build the supervisor's seccomp filter ({what}): {source}")]
-    Seccomp {
-        what: String,
-        source: libseccomp::error::SeccompError,
-    },
-}
+pub use crate::jail::JailError;
 
 /// What the supervisor does while the VM runs: read/write/poll its
 /// sockets and pipes, accept CLI connections, run threads, forward signals,
@@ -182,70 +169,10 @@ const FATAL: &[&str] = &[
 /// server), nowhere else: uid 0 without capabilities could still signal
 /// every root process of the host.
 pub fn filter(children: &[i32]) -> Result<ScmpFilterContext, JailError> {
-    let err = |what: &str| {
-        let what = what.to_string();
-        move |source| JailError::Seccomp { what, source }
-    };
-    let mut f =
-        ScmpFilterContext::new(ScmpAction::Errno(libc::EPERM)).map_err(err("new filter"))?;
-    f.add_arch(ScmpArch::Native).map_err(err("native arch"))?;
-    // Another ABI (x32, i386 through int 0x80) is a way around the list.
-    f.set_act_badarch(ScmpAction::KillProcess)
-        .map_err(err("bad arch"))?;
-    for name in ALLOWED {
-        // A name this libseccomp does not know is not callable either.
-        let Ok(call) = ScmpSyscall::from_name(name) else {
-            continue;
-        };
-        f.add_rule(ScmpAction::Allow, call).map_err(err(name))?;
-    }
-    let me = std::process::id() as u64;
-    // tgkill(tgid, tid, sig): only to threads of this process.
-    let tgkill = ScmpSyscall::from_name("tgkill").map_err(err("tgkill"))?;
-    f.add_rule_conditional(
-        ScmpAction::Allow,
-        tgkill,
-        &[ScmpArgCompare::new(0, ScmpCompareOp::Equal, me)],
-    )
-    .map_err(err("tgkill"))?;
-    let kill = ScmpSyscall::from_name("kill").map_err(err("kill"))?;
-    for pid in children.iter().copied().chain([me as i32]) {
-        let cmp = ScmpArgCompare::new(0, ScmpCompareOp::Equal, pid as u32 as u64);
-        f.add_rule_conditional(ScmpAction::Allow, kill, &[cmp])
-            .map_err(err("kill"))?;
-    }
-    for name in FATAL {
-        let Ok(call) = ScmpSyscall::from_name(name) else {
-            continue;
-        };
-        f.add_rule(ScmpAction::KillProcess, call)
-            .map_err(err(name))?;
-    }
-    Ok(f)
+    crate::jail::filter(ALLOWED, FATAL, children)
 }
 
-/// Drops every capability (bounding, ambient, inheritable, permitted,
-/// effective) and sets no_new_privs.
-pub fn drop_capabilities() -> Result<(), JailError> {
-    use caps::CapSet;
-    let cap_err = |e: caps::errors::CapsError| JailError::Capabilities(e.to_string());
-    // The bounding set first: dropping from it needs CAP_SETPCAP, which the
-    // effective set still holds.
-    for cap in caps::all() {
-        if caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
-            caps::drop(None, CapSet::Bounding, cap).map_err(cap_err)?;
-        }
-    }
-    caps::clear(None, CapSet::Ambient).map_err(cap_err)?;
-    caps::clear(None, CapSet::Inheritable).map_err(cap_err)?;
-    caps::clear(None, CapSet::Effective).map_err(cap_err)?;
-    caps::clear(None, CapSet::Permitted).map_err(cap_err)?;
-    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1) takes no pointers.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(JailError::NoNewPrivs(std::io::Error::last_os_error()));
-    }
-    Ok(())
-}
+pub use crate::jail::drop_capabilities;
 
 /// Enters the steady-state jail: no capabilities, then the filter.
 pub fn enter(children: &[i32]) -> Result<(), JailError> {
