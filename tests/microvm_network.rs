@@ -318,6 +318,44 @@ fn the_guest_cannot_use_another_address_or_mac() {
         "the peer got {echoes} echo requests: only the guest's own address may reach it"
     );
     assert_nothing_left(&f, "mvn-spoof");
+
+    // Under a policy each attempt that sends an IP packet is also dropped
+    // before routing, and is in the audit trail with the source it
+    // claimed.
+    let echoes_before = peer_echoes(&ns);
+    let id = "mvn-spoof-policy";
+    let out = f.agentvm(&[
+        "--egress",
+        "10.231.0.0/24",
+        "run",
+        "--bundle",
+        &bundle_arg(&f),
+        id,
+    ]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(
+        peer_echoes(&ns) - echoes_before,
+        0,
+        "ICMP is not in the policy"
+    );
+    let audit = audit_of(&f, id);
+    let spoofed = |src: &str| {
+        audit.iter().any(|r| {
+            r["verdict"] == "denied"
+                && r["reason"]
+                    .as_str()
+                    .is_some_and(|why| why.starts_with(&format!("source {src} ")))
+        })
+    };
+    let shown = serde_json::to_string_pretty(&audit).unwrap_or_default();
+    assert!(spoofed("10.231.0.77"), "a second address: {shown}");
+    // (A changed address gets no further than ARP: the namespace does not
+    // answer for a sender that is not routed to the tap.)
+    assert!(
+        spoofed("10.231.0.2"),
+        "its own address from another MAC: {shown}"
+    );
+    assert_nothing_left(&f, id);
 }
 
 /// busybox httpd in the peer namespace on `port`, serving `body`; killed on
@@ -821,5 +859,166 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
             && r["bytes_out"].as_u64().unwrap_or(0) > 0
             && r["bytes_in"].as_u64().unwrap_or(0) > 0),
         "{shown}"
+    );
+}
+
+/// Host-wide counts that a container must give back: links, network
+/// namespaces, nft tables of the host, agentvm and QEMU processes.
+fn host_counts() -> String {
+    let nft = Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+        .unwrap_or(0);
+    let procs = common::bundle::processes_with("agentvm")
+        .into_iter()
+        .chain(common::bundle::processes_with("qemu-system"))
+        .filter(|p| !p.contains("microvm_network") && !p.contains("cargo"))
+        .count();
+    format!(
+        "links {} netns {} host nft tables {nft} processes {procs}",
+        ip_out(&["-o", "link", "show"]).lines().count(),
+        ip_out(&["netns", "list"]).lines().count(),
+    )
+}
+
+/// The egress daemon of container `id`, as `pid: cmdline` lines.
+fn daemon_of(id: &str) -> Vec<String> {
+    common::bundle::processes_with("egress-daemon")
+        .into_iter()
+        .filter(|p| p.contains(&format!("--id {id} ")))
+        .collect()
+}
+
+/// Faults: the egress daemon killed leaves the sandbox cut off, not open
+/// (its rules send everything to it); the VM killed is the container's
+/// exit, and `delete` leaves the namespace, the host and its processes as
+/// they were.
+#[test]
+fn a_killed_egress_daemon_fails_closed_and_a_killed_vm_leaves_nothing() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
+    let f = require!(microvm_in());
+    let ns = Netns::new("kill");
+    let before = ns.snapshot();
+    let _a = PeerServer::start(&ns, 8000, "a");
+    write_script(&f, &ns, "sleep 600");
+    let id = "mvn-kill";
+    let out = f.agentvm(&[
+        "--egress",
+        "10.231.0.1:8000",
+        "create",
+        "--bundle",
+        &bundle_arg(&f),
+        id,
+    ]);
+    assert!(out.success(), "{out}");
+    f.agentvm(&["start", id]).ok();
+    let fetch = [
+        "exec",
+        id,
+        "wget",
+        "-q",
+        "-O",
+        "/dev/null",
+        "http://10.231.0.1:8000/",
+    ];
+    let out = f.agentvm(&fetch);
+    assert_eq!(out.code, 0, "allowed before: {out}");
+    let daemon = daemon_of(id);
+    assert_eq!(daemon.len(), 1, "one egress daemon: {daemon:?}");
+    let pid = daemon[0].split(':').next().unwrap_or_default().to_string();
+    assert!(Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    let out = f.agentvm(&fetch);
+    assert_ne!(
+        out.code, 0,
+        "the daemon gone, the sandbox must be cut off: {out}"
+    );
+    // The VM killed: the container stops, delete cleans up.
+    let root = f.root();
+    let qemu: Vec<String> = common::bundle::processes_with("qemu-system")
+        .into_iter()
+        .filter(|p| p.contains(root.to_str().expect("utf-8")) && p.contains(id))
+        .collect();
+    assert_eq!(qemu.len(), 1, "one QEMU: {qemu:?}");
+    let qpid = qemu[0].split(':').next().unwrap_or_default().to_string();
+    assert!(Command::new("kill")
+        .args(["-9", &qpid])
+        .status()
+        .expect("kill")
+        .success());
+    let stopped = common::wait_for(30, || (f.state(id)["status"] == "stopped").then_some(()));
+    assert!(stopped.is_some(), "{}", f.state(id));
+    f.agentvm(&["delete", id]).ok();
+    assert_nothing_left(&f, id);
+    assert_eq!(
+        ns.snapshot(),
+        before,
+        "routes, proxy entries and taps are gone"
+    );
+    let tables = Command::new("ip")
+        .args(["netns", "exec", &ns.container, "nft", "list", "tables"])
+        .output()
+        .expect("nft");
+    assert_eq!(
+        String::from_utf8_lossy(&tables.stdout).trim(),
+        "",
+        "nft tables left"
+    );
+    assert!(daemon_of(id).is_empty(), "{:?}", daemon_of(id));
+}
+
+/// 200 networked containers, two namespaces at a time, half of them
+/// under a policy (taps, nft tables, routing rules, egress daemons): the
+/// host's counts of links, namespaces, nft tables and processes, and each
+/// namespace, end where they started.
+#[test]
+fn two_hundred_networked_create_delete_cycles_leave_the_host_as_it_was() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
+    const LANES: usize = 2;
+    const CYCLES: usize = 200;
+    let mut lanes = Vec::new();
+    for lane in 0..LANES {
+        let f = require!(microvm_in());
+        let ns = Netns::new(&format!("cyc{lane}"));
+        write_script(&f, &ns, "ip -o addr show eth0 | grep -q 10.231.0.2");
+        lanes.push((f, ns));
+    }
+    let counts = host_counts();
+    let snapshots: Vec<String> = lanes.iter().map(|(_, ns)| ns.snapshot()).collect();
+    std::thread::scope(|s| {
+        for (lane, (f, _)) in lanes.iter().enumerate() {
+            s.spawn(move || {
+                for i in (lane..CYCLES).step_by(LANES) {
+                    let id = format!("mvn-cyc-{i}");
+                    let policy = if i % 2 == 0 {
+                        "allow"
+                    } else {
+                        "10.231.0.1:8000"
+                    };
+                    let out =
+                        f.agentvm(&["--egress", policy, "run", "--bundle", &bundle_arg(f), &id]);
+                    assert_eq!(out.code, 0, "cycle {i}: {out}");
+                    assert!(f.leftovers().is_empty(), "cycle {i}: {:?}", f.leftovers());
+                }
+            });
+        }
+    });
+    for ((_, ns), before) in lanes.iter().zip(&snapshots) {
+        assert_eq!(&ns.snapshot(), before, "{}", ns.container);
+    }
+    // Processes end a moment after the container's own exit.
+    let settled = common::wait_for(10, || (host_counts() == counts).then_some(()));
+    assert!(
+        settled.is_some(),
+        "before: {counts}\nafter:  {}",
+        host_counts()
     );
 }

@@ -458,6 +458,57 @@ impl Policy {
     }
 }
 
+/// What the sandbox may send from on one interface of the namespace's
+/// side (a guest's tap): anything else is spoofed, dropped and recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// The interface (`avtap0`).
+    pub side: String,
+    /// `aa:bb:cc:dd:ee:ff`.
+    pub mac: String,
+    pub addrs: Vec<IpAddr>,
+}
+
+/// The chains dropping (and logging) what comes from a sandbox interface
+/// with a source MAC or IPv4 address that is not the sandbox's.
+fn anti_spoof(sources: &[Source]) -> String {
+    if sources.is_empty() {
+        return String::new();
+    }
+    let mut rules = String::new();
+    for s in sources {
+        rules += &format!(
+            "    iifname \"{}\" ether saddr != {} jump spoofed\n",
+            s.side, s.mac
+        );
+        let v4: Vec<String> = s
+            .addrs
+            .iter()
+            .filter(|a| a.is_ipv4())
+            .map(|a| a.to_string())
+            .collect();
+        if !v4.is_empty() {
+            rules += &format!(
+                "    iifname \"{}\" meta nfproto ipv4 ip saddr != {{ {} }} jump spoofed\n",
+                s.side,
+                v4.join(", ")
+            );
+        }
+    }
+    format!(
+        "  chain spoof {{\n\
+         \x20   type filter hook prerouting priority raw; policy accept;\n\
+         {rules}\
+         \x20 }}\n\
+         \x20 chain spoofed {{\n\
+         \x20   limit rate 200/second burst 100 packets log prefix \"{}\" group {}\n\
+         \x20   drop\n\
+         \x20 }}\n",
+        nflog::prefix_spoofed(),
+        nflog::GROUP
+    )
+}
+
 /// The nftables ruleset (for `nft -f -`) that enforces `policy` on what
 /// enters the namespace from the sandbox's side (`side_prefix*`: the
 /// guest's taps). `None` for `allow`.
@@ -470,10 +521,17 @@ impl Policy {
 ///   new flow they allow, and every denied packet (within a rate), is
 ///   logged to the daemon (`nflog.rs`).
 /// - Replies to connections made from outside pass (published ports).
+/// - A packet from a sandbox interface whose source MAC or IPv4 address is
+///   not in `sources` is dropped before anything else sees it, and logged.
 /// - The daemon's own connections leave from the container's address,
 ///   which the namespace routes to the sandbox: they are marked, and their
 ///   replies are delivered locally (see `LOCAL_MARK`).
-pub fn ruleset(policy: &Policy, side_prefix: &str, service: Ipv4Addr) -> Option<String> {
+pub fn ruleset(
+    policy: &Policy,
+    side_prefix: &str,
+    service: Ipv4Addr,
+    sources: &[Source],
+) -> Option<String> {
     let rules = match policy {
         Policy::Allow => return None,
         Policy::Deny => &[][..],
@@ -522,6 +580,7 @@ pub fn ruleset(policy: &Policy, side_prefix: &str, service: Ipv4Addr) -> Option<
     } else {
         (String::new(), String::new())
     };
+    let spoof = anti_spoof(sources);
     let deny_log = format!(
         "    limit rate 200/second burst 100 packets log prefix \"{}\" group {group}\n",
         nflog::prefix_denied()
@@ -568,6 +627,7 @@ pub fn ruleset(policy: &Policy, side_prefix: &str, service: Ipv4Addr) -> Option<
          \x20   type filter hook prerouting priority mangle; policy accept;\n\
          \x20   ct mark {LOCAL_MARK} meta mark set {LOCAL_MARK}\n\
          \x20 }}\n\
+         {spoof}\
          \x20 counter denied {{ }}\n\
          {sets}\
          }}\n"
@@ -737,6 +797,7 @@ mod tests {
             &p("10.0.0.0/8,pypi.org:443,*.ntp.example:123/udp"),
             "avtap",
             svc,
+            &[],
         )
         .unwrap();
         // TCP names are the proxy's: no sets for them.
@@ -758,7 +819,7 @@ mod tests {
             r.contains("meta l4proto tcp dnat ip to 169.254.53.53:15001"),
             "{r}"
         );
-        let no_names = ruleset(&p("10.0.0.0/8"), "avtap", svc).unwrap();
+        let no_names = ruleset(&p("10.0.0.0/8"), "avtap", svc, &[]).unwrap();
         assert!(!no_names.contains("udp dport 53 dnat"), "{no_names}");
         assert!(
             no_names.contains("tcp dnat ip to 169.254.53.53:15001"),
@@ -769,11 +830,12 @@ mod tests {
     #[test]
     fn ruleset_lists_the_allowed_destinations() {
         let svc: Ipv4Addr = "169.254.53.53".parse().unwrap();
-        assert!(ruleset(&Policy::Allow, "avtap", svc).is_none());
+        assert!(ruleset(&Policy::Allow, "avtap", svc, &[]).is_none());
         let r = ruleset(
             &p("10.1.0.0/16,192.0.2.7:53/udp,[2001:db8::1]:443,x.example"),
             "avtap",
             svc,
+            &[],
         )
         .unwrap();
         // TCP rules are judged by the proxy, not listed here.
@@ -792,7 +854,31 @@ mod tests {
         );
         assert!(r.contains("iifname \"avtap*\" jump egress"), "{r}");
         assert!(r.contains("log prefix \"agentvm deny\" group 176"), "{r}");
-        let deny = ruleset(&Policy::Deny, "avtap", svc).unwrap();
+        let deny = ruleset(
+            &Policy::Deny,
+            "avtap",
+            svc,
+            &[Source {
+                side: "avtap0".into(),
+                mac: "02:42:ac:11:00:02".into(),
+                addrs: vec!["172.17.0.2".parse().unwrap(), "fd00::2".parse().unwrap()],
+            }],
+        )
+        .unwrap();
+        assert!(
+            deny.contains("iifname \"avtap0\" ether saddr != 02:42:ac:11:00:02 jump spoofed"),
+            "{deny}"
+        );
+        assert!(
+            deny.contains(
+                "iifname \"avtap0\" meta nfproto ipv4 ip saddr != { 172.17.0.2 } jump spoofed"
+            ),
+            "{deny}"
+        );
+        assert!(
+            deny.contains("log prefix \"agentvm spoof\" group 176"),
+            "{deny}"
+        );
         assert!(!deny.contains("daddr @"), "{deny}");
         assert!(!deny.contains("udp dport 53 dnat"), "{deny}");
     }

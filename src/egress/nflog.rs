@@ -33,6 +33,12 @@ pub fn prefix_denied() -> &'static str {
     "agentvm deny"
 }
 
+/// The prefix of packets whose source address or MAC is not the
+/// sandbox's.
+pub fn prefix_spoofed() -> &'static str {
+    "agentvm spoof"
+}
+
 /// The prefix of flows rule `index` allowed.
 pub fn prefix_allowed(index: usize) -> String {
     format!("agentvm allow {index}")
@@ -53,30 +59,45 @@ pub enum NflogError {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Flow {
     pub proto: String,
+    pub src: IpAddr,
     pub dst: IpAddr,
     pub port: u16,
 }
 
+/// What the rules said of a logged packet.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum Logged {
+    Denied,
+    /// A source address or MAC that is not the sandbox's.
+    Spoofed,
+    /// Allowed by rule N.
+    Allowed(usize),
+}
+
 /// The protocol, destination and destination port of an IP packet.
 pub fn parse_packet(p: &[u8]) -> Option<Flow> {
-    let (proto, dst, l4) = match p.first()? >> 4 {
+    let (proto, src, dst, l4) = match p.first()? >> 4 {
         4 => {
             let ihl = usize::from(p.first()? & 0x0f) * 4;
             if ihl < 20 {
                 return None;
             }
+            let src = Ipv4Addr::new(*p.get(12)?, *p.get(13)?, *p.get(14)?, *p.get(15)?);
             let dst = Ipv4Addr::new(*p.get(16)?, *p.get(17)?, *p.get(18)?, *p.get(19)?);
             (
                 *p.get(9)?,
+                IpAddr::V4(src),
                 IpAddr::V4(dst),
                 p.get(ihl..).unwrap_or_default(),
             )
         }
         6 => {
-            let octets: [u8; 16] = p.get(24..40)?.try_into().ok()?;
+            let src: [u8; 16] = p.get(8..24)?.try_into().ok()?;
+            let dst: [u8; 16] = p.get(24..40)?.try_into().ok()?;
             (
                 *p.get(6)?,
-                IpAddr::V6(Ipv6Addr::from(octets)),
+                IpAddr::V6(Ipv6Addr::from(src)),
+                IpAddr::V6(Ipv6Addr::from(dst)),
                 p.get(40..).unwrap_or_default(),
             )
         }
@@ -99,19 +120,23 @@ pub fn parse_packet(p: &[u8]) -> Option<Flow> {
     };
     Some(Flow {
         proto: name,
+        src,
         dst,
         port,
     })
 }
 
-/// What a logged packet means: `(verdict, rule index)`.
-pub fn parse_prefix(prefix: &[u8]) -> Option<(Verdict, Option<usize>)> {
+/// What a logged packet means.
+pub fn parse_prefix(prefix: &[u8]) -> Option<Logged> {
     let p = std::str::from_utf8(prefix).ok()?.trim_end_matches('\0');
     if p == prefix_denied() {
-        return Some((Verdict::Denied, None));
+        return Some(Logged::Denied);
+    }
+    if p == prefix_spoofed() {
+        return Some(Logged::Spoofed);
     }
     let index = p.strip_prefix("agentvm allow ")?.parse().ok()?;
-    Some((Verdict::Allowed, Some(index)))
+    Some(Logged::Allowed(index))
 }
 
 /// What one logged packet says: the limiter's key, the verdict, and the
@@ -129,18 +154,38 @@ pub fn event(
             _ => {}
         }
     }
-    let (verdict, rule) = parse_prefix(prefix?)?;
+    let logged = parse_prefix(prefix?)?;
     let flow = parse_packet(payload?)?;
-    let word = match verdict {
-        Verdict::Denied => "deny",
-        Verdict::Allowed => "allow",
+    let (verdict, rule, reason, key) = match logged {
+        Logged::Denied => (
+            Verdict::Denied,
+            None,
+            None,
+            format!("deny {} {}:{}", flow.proto, flow.dst, flow.port),
+        ),
+        Logged::Spoofed => (
+            Verdict::Denied,
+            None,
+            Some(format!(
+                "source {} or its MAC is not the sandbox's",
+                flow.src
+            )),
+            format!(
+                "spoof {} {} {}:{}",
+                flow.src, flow.proto, flow.dst, flow.port
+            ),
+        ),
+        Logged::Allowed(i) => (
+            Verdict::Allowed,
+            rules.get(i).map(|r| r.to_string()),
+            None,
+            format!("allow {} {}:{}", flow.proto, flow.dst, flow.port),
+        ),
     };
-    let key = format!("{word} {} {}:{}", flow.proto, flow.dst, flow.port);
-    let rule = rule.and_then(|i| rules.get(i)).map(|r| r.to_string());
     let build = move |suppressed| Event::Connection {
         verdict,
         rule,
-        reason: None,
+        reason,
         proto: flow.proto,
         dst: flow.dst,
         port: flow.port,
@@ -269,6 +314,7 @@ mod tests {
             parse_packet(&udp),
             Some(Flow {
                 proto: "udp".into(),
+                src: "10.0.0.2".parse().unwrap(),
                 dst: "192.0.2.7".parse().unwrap(),
                 port: 53
             })
@@ -293,13 +339,11 @@ mod tests {
 
     #[test]
     fn prefixes_name_the_verdict_and_rule() {
-        assert_eq!(
-            parse_prefix(b"agentvm deny\0"),
-            Some((Verdict::Denied, None))
-        );
+        assert_eq!(parse_prefix(b"agentvm deny\0"), Some(Logged::Denied));
+        assert_eq!(parse_prefix(b"agentvm spoof\0"), Some(Logged::Spoofed));
         assert_eq!(
             parse_prefix(prefix_allowed(3).as_bytes()),
-            Some((Verdict::Allowed, Some(3)))
+            Some(Logged::Allowed(3))
         );
         assert_eq!(parse_prefix(b"agentvm allow x"), None);
         assert_eq!(parse_prefix(b"something else"), None);

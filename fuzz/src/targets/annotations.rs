@@ -317,7 +317,12 @@ fn check_policy(text: &str) {
             );
         }
     }
-    if let Some(rs) = ruleset(&policy, "avtap", std::net::Ipv4Addr::new(169, 254, 53, 53)) {
+    if let Some(rs) = ruleset(
+        &policy,
+        "avtap",
+        std::net::Ipv4Addr::new(169, 254, 53, 53),
+        &[],
+    ) {
         // TCP rules are the proxy's; one accept line per UDP address
         // rule, one per family per UDP name rule.
         let want: usize = match &policy {

@@ -193,9 +193,23 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         tracing::warn!("container {}: {w}", state.id);
     }
     // Before the guest exists, so its first packet meets them.
-    if let Some(rules) =
-        crate::egress::ruleset(&egress, super::net::TAP_PREFIX, super::net::DNS_RELAY)
-    {
+    let sources: Vec<crate::egress::Source> = plumbed
+        .guest
+        .interfaces
+        .iter()
+        .enumerate()
+        .map(|(i, iface)| crate::egress::Source {
+            side: format!("{}{i}", super::net::TAP_PREFIX),
+            mac: iface.mac.clone(),
+            addrs: iface.addresses.iter().map(|a| a.addr).collect(),
+        })
+        .collect();
+    if let Some(rules) = crate::egress::ruleset(
+        &egress,
+        super::net::TAP_PREFIX,
+        super::net::DNS_RELAY,
+        &sources,
+    ) {
         plumbed.install_egress(&rules)?;
     }
     // The policy's resolver, proxy and log reader run beside the
