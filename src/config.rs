@@ -121,9 +121,29 @@ pub struct Config {
 pub struct AuditConfig {
     /// The host-wide audit file; default `/var/log/agentvm/audit.jsonl`.
     pub path: Option<PathBuf>,
+    /// An OTLP/HTTP endpoint (`http://HOST:PORT`) that the audit lines are
+    /// exported to as OpenTelemetry logs (docs/audit.md).
+    pub otlp_endpoint: Option<String>,
 }
 
 impl AuditConfig {
+    /// Refuses an endpoint that is not an `http://` URL, naming the key.
+    fn validate(&self) -> Result<(), String> {
+        if let Some(e) = &self.otlp_endpoint {
+            e.parse::<crate::audit::otlp::Endpoint>()
+                .map_err(|err| format!("audit.otlp_endpoint: {err}"))?;
+        }
+        if self.path.as_ref().is_some_and(|p| !p.is_absolute()) {
+            return Err("audit.path: must be an absolute path".to_string());
+        }
+        Ok(())
+    }
+
+    /// The endpoint, checked when the config was loaded.
+    pub fn endpoint(&self) -> Option<crate::audit::otlp::Endpoint> {
+        self.otlp_endpoint.as_deref().and_then(|e| e.parse().ok())
+    }
+
     pub fn path(&self) -> PathBuf {
         self.path
             .clone()
@@ -219,6 +239,7 @@ impl Config {
     pub fn parse(text: &str) -> Result<Config, String> {
         let config: Config = toml::from_str(text).map_err(|e| e.message().to_string())?;
         config.microvm.validate()?;
+        config.audit.validate()?;
         Ok(config)
     }
 
@@ -326,6 +347,38 @@ mod tests {
         let c = Config::parse("[microvm]\nguest_agent = \"/opt/agent\"\n").unwrap();
         assert_eq!(c.microvm.guest_agent, Some(PathBuf::from("/opt/agent")));
         assert!(Config::parse("guest_agent = \"/opt/agent\"\n").is_err());
+    }
+
+    #[test]
+    fn audit_settings_are_checked_and_name_the_key() {
+        let c = Config::parse(
+            "[audit]\npath = \"/tmp/a.jsonl\"\notlp_endpoint = \"http://127.0.0.1:4318\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.audit.path(), PathBuf::from("/tmp/a.jsonl"));
+        assert_eq!(
+            c.audit.endpoint().map(|e| e.url()).as_deref(),
+            Some("http://127.0.0.1:4318/v1/logs")
+        );
+        assert_eq!(
+            Config::default().audit.path(),
+            PathBuf::from(crate::audit::DEFAULT_PATH)
+        );
+        for (text, key) in [
+            (
+                "[audit]\notlp_endpoint = \"https://c:4318\"\n",
+                "audit.otlp_endpoint",
+            ),
+            (
+                "[audit]\notlp_endpoint = \"c:4318\"\n",
+                "audit.otlp_endpoint",
+            ),
+            ("[audit]\npath = \"audit.jsonl\"\n", "audit.path"),
+            ("[audit]\nendpoint = \"http://c\"\n", "endpoint"),
+        ] {
+            let err = Config::parse(text).unwrap_err();
+            assert!(err.contains(key), "{text:?}: {err}");
+        }
     }
 
     #[test]

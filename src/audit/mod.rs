@@ -19,6 +19,11 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+pub mod exec;
+pub mod export;
+pub mod otlp;
+pub mod read;
+
 /// Where the audit trail goes when the config names no file.
 pub const DEFAULT_PATH: &str = "/var/log/agentvm/audit.jsonl";
 /// Longest string field kept from the sandbox, in bytes; longer ones are
@@ -110,8 +115,14 @@ pub enum Event {
         /// status goes to the caller that waits for it).
         #[serde(skip_serializing_if = "Option::is_none", default)]
         exit: Option<i32>,
+        /// Why the exec did not start, or why its end was not seen.
         #[serde(skip_serializing_if = "Option::is_none", default)]
         error: Option<String>,
+        /// From the request to the exit, when the exit was seen; the
+        /// line's `time` is when it was written (the end, or for a
+        /// detached container-tier exec the start).
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        duration_ms: Option<u64>,
     },
 }
 
@@ -297,6 +308,7 @@ mod tests {
                 cwd: "/".into(),
                 exit: Some(7),
                 error: None,
+                duration_ms: Some(12),
             },
         )
         .unwrap();

@@ -92,10 +92,18 @@ pub fn create_container(
     .with_context(|| {
         format!("cannot create container {id} (isolation {isolation}, from {source})")
     })?;
+    drop(_root_lock);
+    ensure_audit_exporter(ctx);
     Ok(tier)
 }
 
 pub fn run(ctx: &Context, args: CreateArgs) -> anyhow::Result<()> {
     create_container(ctx, &args, true)?;
     Ok(())
+}
+
+/// Starts the host's audit exporter when the config names an OTLP
+/// endpoint and none runs (`audit::export`); never fails the command.
+pub fn ensure_audit_exporter(ctx: &Context) {
+    crate::audit::export::ensure_running(&ctx.config, ctx.config_path.as_deref());
 }

@@ -1,10 +1,16 @@
 //! `agentvm events`: the container's resource statistics as runc's event
 //! lines, `{"type":"stats","id":...,"data":{...}}`, once with `--stats` or
 //! every `--interval` until the container stops.
+//!
+//! Beside runc's figures, `data.egress` adds up the container's connection
+//! lines in the audit file (`allowed`, `denied` with the attempts a line
+//! stands for, `bytes_out`, `bytes_in`); the file is read once, then only
+//! what each interval appended.
 
 use std::io::Write;
 use std::time::Duration;
 
+use crate::audit::read::Tally;
 use crate::context::Context;
 use crate::state::{lock_container, LockMode};
 use clap::Args;
@@ -53,6 +59,8 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
     let interval = parse_interval(&args.interval)?;
     let (tier, _) = super::open(ctx, &args.id, None)?;
     let mut out = std::io::stdout().lock();
+    let audit = ctx.config.audit.path();
+    let mut tally = Tally::new(&audit, &args.id);
     loop {
         let stats = {
             let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
@@ -64,10 +72,19 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
             }
             return Ok(());
         };
+        let mut data = serde_json::to_value(stats)?;
+        match tally.update() {
+            Ok(counts) => {
+                if let Some(map) = data.as_object_mut() {
+                    map.insert("egress".to_string(), serde_json::to_value(counts)?);
+                }
+            }
+            Err(e) => tracing::warn!("no egress counts: cannot read {}: {e}", audit.display()),
+        }
         let line = serde_json::to_string(&Event {
             kind: "stats",
             id: &args.id,
-            data: stats,
+            data,
         })?;
         // A reader that went away (e.g. `| head`) ends the stream quietly.
         if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {

@@ -142,7 +142,8 @@ pub fn run(ctx: &Context, args: ExecArgs) -> anyhow::Result<u8> {
     };
     let console_socket = args.console_socket.as_deref().map(absolute).transpose()?;
     let pid_file = args.pid_file.as_deref().map(absolute).transpose()?;
-    tier.exec(
+    super::create::ensure_audit_exporter(ctx);
+    let result = tier.exec(
         ctx,
         &ExecRequest {
             id: &args.id,
@@ -154,8 +155,18 @@ pub fn run(ctx: &Context, args: ExecArgs) -> anyhow::Result<u8> {
             ignore_paused: args.ignore_paused,
             cgroup: args.cgroup.as_deref(),
         },
-    )
-    .with_context(|| format!("cannot exec in container {}", args.id))
+    );
+    // The tiers write the line of an exec that started (they see its
+    // end); one that failed is written here.
+    if let Err(e) = &result {
+        let why = crate::audit::exec::error_chain(e);
+        crate::audit::exec::append_or_warn(
+            &ctx.config.audit.path(),
+            &args.id,
+            crate::audit::exec::event(&process, None, Some(&why), None),
+        );
+    }
+    result.with_context(|| format!("cannot exec in container {}", args.id))
 }
 
 /// Reads and checks a `--process` file.

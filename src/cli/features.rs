@@ -116,15 +116,23 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
     let microvm = match crate::microvm::host::Host::probe(&config) {
         Ok(h) => format!(
             "available: qemu microvm, {} ({}), IPv4 networking routed through the container's \
-             namespace, egress policy by address and by name (--egress); refused: the host's network \
-             (--network host); not implemented yet: IPv6 in the guest, the egress proxy's \
-             SNI/Host check, the audit log, joining host namespaces by path, update of \
-             vCPUs/RAM after create",
+             namespace, egress policy by address and by name (--egress; a proxy checks TLS SNI and HTTP Host); refused: the host's network \
+             (--network host); not implemented yet: IPv6 in the guest, joining host namespaces \
+             by path, update of vCPUs/RAM after create",
             h.accel.as_str(),
             h.accel_reason
         ),
         Err(e) => format!("not available on this host: {e}"),
     };
+    let audit = format!(
+        "one JSON line per exec (both tiers) and per connection and DNS answer an egress policy \
+         judges, in {} (agentvm audit ID [--follow]; egress counts in events --stats); {}",
+        config.audit.path().display(),
+        match config.audit.endpoint() {
+            Some(e) => format!("exported as OTLP/HTTP logs to {}", e.url()),
+            None => "OTLP/HTTP export when [audit] otlp_endpoint is set".to_string(),
+        }
+    );
     let mut caps: Vec<String> = caps::all().iter().map(|c| c.to_string()).collect();
     caps.sort();
     let doc = json!({
@@ -153,6 +161,7 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
             "io.agentvm.isolation.container": "available: namespaces, cgroups v1/v2, seccomp, capabilities (youki libcontainer 0.7)",
             "io.agentvm.isolation.microvm": microvm,
             "io.agentvm.checkpoint": "not supported",
+            "io.agentvm.audit": audit,
             "io.agentvm.microvm.kernel": config.microvm.kernel.as_ref().map_or_else(|| "not configured".to_string(), |k| k.display().to_string()),
         },
         "potentiallyUnsafeConfigAnnotations": ["io.agentvm."],

@@ -15,6 +15,7 @@ use crate::context::{absolute, Context};
 pub use crate::logging::LogFormat;
 use crate::tier::Tier;
 
+pub mod audit;
 pub mod check;
 pub mod checkpoint;
 pub mod create;
@@ -133,6 +134,11 @@ pub enum Command {
     Features(features::FeaturesArgs),
     /// Show which isolation tiers this host can run, and why not
     Check(check::CheckArgs),
+    /// Print a container's audit trail (execs, connections) as JSON lines
+    Audit(audit::AuditArgs),
+    /// (internal) the host's OTLP exporter of the audit trail
+    #[command(hide = true)]
+    AuditExport,
     /// (internal) the per-container supervisor of a microVM
     #[command(hide = true)]
     Supervise(SuperviseArgs),
@@ -256,6 +262,8 @@ fn dispatch(global: &GlobalOpts, command: Command) -> anyhow::Result<u8> {
         Command::Events(args) => events::run(&ctx, args).map(|_| 0),
         Command::Update(args) => update::run(&ctx, args).map(|_| 0),
         Command::Checkpoint(args) => checkpoint::run(&ctx, args).map(|_| 0),
+        Command::Audit(args) => audit::run(&ctx, args).map(|_| 0),
+        Command::AuditExport => audit::export(&ctx).map(|_| 0),
         Command::Supervise(args) => {
             crate::microvm::supervisor::run(crate::microvm::supervisor::Args {
                 dir: ctx.container_dir(&args.id),

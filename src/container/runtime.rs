@@ -235,8 +235,19 @@ fn exec_process(
         sub_cgroup: req.cgroup.map(Into::into),
         ..Default::default()
     };
+    let started = std::time::Instant::now();
     let pid = super::exec::exec(ctx, req.id, opts)?;
+    let audit = |exit: Option<u8>, duration| {
+        crate::audit::exec::append_or_warn(
+            &ctx.config.audit.path(),
+            req.id,
+            crate::audit::exec::event(req.process, exit.map(i32::from), None, duration),
+        )
+    };
     if req.detach {
+        // The process is the caller's now (runc parity: the pid is the
+        // process): its end is not ours to see.
+        audit(None, None);
         return Ok(0);
     }
     let relay = match &own_socket {
@@ -244,5 +255,7 @@ fn exec_process(
         None => None,
     };
     drop(own_socket);
-    Ok(foreground::wait(pid, relay)?)
+    let code = foreground::wait(pid, relay)?;
+    audit(Some(code), Some(started.elapsed()));
+    Ok(code)
 }

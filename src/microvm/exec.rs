@@ -97,6 +97,7 @@ pub fn exec(ctx: &Context, id: &str, req: ExecRequest) -> Result<u8> {
 
 fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result<u8> {
     let dir = ctx.container_dir(id);
+    let started = std::time::Instant::now();
     let (conn, reply) = client::request(
         &dir,
         id,
@@ -116,11 +117,26 @@ fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result
             return Err(refused(format!("unexpected reply to exec: {other:?}")));
         }
     }
+    // The relay sees the end of the process in the guest: it writes the
+    // audit line, in the foreground and detached alike.
+    let audit = |outcome: &std::result::Result<i32, String>| {
+        let (exit, error) = match outcome {
+            Ok(status) => (Some(super::supervisor::exit_code(*status)), None),
+            Err(why) => (None, Some(why.as_str())),
+        };
+        crate::audit::exec::append_or_warn(
+            &ctx.config.audit.path(),
+            id,
+            crate::audit::exec::event(req.process, exit, error, Some(started.elapsed())),
+        );
+    };
     if !req.detach {
-        let status = relay(conn, &io);
+        let outcome = relay(conn, &io);
         restore_tty(&io);
+        audit(&outcome);
         // A status outside 0..=255 is not one a process can have: the
         // relay reports it as lost, as the detached relay does.
+        let status = outcome.unwrap_or(RELAY_LOST_STATUS);
         return Ok(u8::try_from(status).unwrap_or(RELAY_LOST_STATUS as u8));
     }
     // SAFETY: the CLI is single-threaded here (no thread has been started),
@@ -140,8 +156,9 @@ fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result
                 // pipes, which it reads until EOF (containerd's shim does).
                 detach_stdio();
             }
-            let status = relay(conn, &io);
-            super::exit_like(status)
+            let outcome = relay(conn, &io);
+            audit(&outcome);
+            super::exit_like(outcome.unwrap_or(RELAY_LOST_STATUS))
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             drop(conn);
@@ -154,8 +171,8 @@ fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result
 }
 
 /// Carries stdio and signals between this process and the guest process
-/// until it exits; returns its status.
-fn relay(conn: UnixStream, io: &Io) -> i32 {
+/// until it exits; returns its status, or why its end was not seen.
+fn relay(conn: UnixStream, io: &Io) -> std::result::Result<i32, String> {
     // Signals first, so a resize or a signal sent as soon as the pid is
     // known is not lost.
     let signals = signal_hook::iterator::Signals::new([
@@ -165,7 +182,7 @@ fn relay(conn: UnixStream, io: &Io) -> i32 {
         Ok(w) => Arc::new(Mutex::new(w)),
         Err(e) => {
             tracing::error!("exec relay: {e}");
-            return RELAY_LOST_STATUS;
+            return Err(format!("exec relay: {e}"));
         }
     };
     let size_source: Option<std::fs::File> = match io {
@@ -217,7 +234,7 @@ fn relay(conn: UnixStream, io: &Io) -> i32 {
             (Ok(r), Ok(w), Ok(e)) => (Box::new(r), Box::new(w), Box::new(e)),
             _ => {
                 tracing::error!("exec relay: cannot use the pty");
-                return RELAY_LOST_STATUS;
+                return Err("exec relay: cannot use the pty".into());
             }
         },
         Io::Inherited { .. } => (
@@ -233,7 +250,7 @@ fn relay(conn: UnixStream, io: &Io) -> i32 {
             Ok(f) => f,
             Err(e) => {
                 tracing::error!("exec relay: the supervisor went away: {e}");
-                return RELAY_LOST_STATUS;
+                return Err(format!("exec relay: the supervisor went away: {e}"));
             }
         };
         match frame.kind {
@@ -244,10 +261,10 @@ fn relay(conn: UnixStream, io: &Io) -> i32 {
                 let _ = err.write_all(&frame.payload).and_then(|_| err.flush());
             }
             Kind::Control => match frame.parse_control::<ExecEvent>() {
-                Ok(ExecEvent::Exit { status }) => return status,
+                Ok(ExecEvent::Exit { status }) => return Ok(status),
                 Err(e) => {
                     tracing::error!("exec relay: bad message from the supervisor: {e}");
-                    return RELAY_LOST_STATUS;
+                    return Err(format!("exec relay: bad message from the supervisor: {e}"));
                 }
             },
             Kind::Stdin | Kind::StdinClose => {}

@@ -30,11 +30,14 @@ const SEEDS: &[&str] = &[
     "[egress]\npolicy = \"10.0.0.0/8,192.0.2.7:53/udp\"\nlocked = true\n",
     "microvm.default_vcpus = 4\negress.policy = 'deny'\n",
     "# comment\n[microvm] # trailing\nboot_timeout_secs = 30\n",
+    "[audit]\npath = \"/var/log/agentvm/audit.jsonl\"\notlp_endpoint = \"http://127.0.0.1:4318\"\n",
+    "audit.otlp_endpoint = \"http://[::1]:4318/otlp/v1/logs\"\n",
 ];
 
 const DICT: &[&str] = &[
     "[microvm]\n",
     "[egress]\n",
+    "[audit]\n",
     "[[microvm]]\n",
     "\n",
     "=",
@@ -57,6 +60,14 @@ const DICT: &[&str] = &[
     "locked",
     "microvm.",
     "egress.",
+    "audit.",
+    "path",
+    "otlp_endpoint",
+    "http://",
+    "https://",
+    "[::1]",
+    ":4318",
+    "/v1/logs",
     "inf",
     "nan",
     "1979-05-27T07:32:00Z",
@@ -76,6 +87,8 @@ const KEYS: &[&str] = &[
     "microvm.guest_agent",
     "egress.policy",
     "egress.locked",
+    "audit.path",
+    "audit.otlp_endpoint",
     "microvm",
     "egress",
     "unknown",
@@ -240,6 +253,21 @@ fn check(config: &Config) {
     let timeout = Duration::from_secs(secs.unwrap_or(120));
     let _deadline = Instant::now() + timeout;
     assert_eq!(config.microvm.boot_timeout(), timeout);
+
+    // The audit file and the exporter's endpoint, as create and the
+    // exporter read them: an endpoint that parsed is one the exporter can
+    // use, and the URL it posts to reads back as the same endpoint.
+    assert!(config.audit.path().is_absolute(), "a relative audit path");
+    if let Some(text) = &config.audit.otlp_endpoint {
+        let Some(endpoint) = config.audit.endpoint() else {
+            panic!("otlp_endpoint {text:?} was accepted but does not parse");
+        };
+        let url = endpoint.url();
+        match url.parse::<agentvm::audit::otlp::Endpoint>() {
+            Ok(again) => assert_eq!(again, endpoint, "{text:?} -> {url}"),
+            Err(e) => panic!("{text:?} posts to {url}, which does not parse: {e}"),
+        }
+    }
 }
 
 #[cfg(test)]
