@@ -468,7 +468,9 @@ fn pump(from: &TcpStream, to: &TcpStream) -> (u64, io::Result<()>) {
         Ok(p) => p,
         Err(e) => return (0, Err(e.into())),
     };
-    let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_MORE;
+    // Not SPLICE_F_MORE: on a TCP socket it corks the write, and a
+    // request-response exchange then waits for the 200 ms cork timer.
+    let flags = SpliceFFlags::SPLICE_F_MOVE;
     let mut total = 0u64;
     loop {
         let n = match splice(from, None, &w, None, 1 << 16, flags) {
