@@ -1,11 +1,13 @@
 //! Part (b): `docker run --rm local/busybox true` through the tests' own
 //! dockerd, once per runtime it has registered.
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::common::docker::Docker;
 use crate::common::rootfs::IMAGE;
+use crate::common::{agentvm_bin, RUN_DIR};
 use crate::error::BenchError;
 use crate::runtimes::Runtime;
 
@@ -62,8 +64,43 @@ pub fn round(d: &Docker, rt: &Runtime) -> Result<Duration, BenchError> {
     run_true(d, rt.docker_name, &[])
 }
 
-/// One timed `docker run --rm --runtime DOCKER_NAME OPTS local/busybox true`.
+/// `Some(why)` when the test dockerd would not run this benchmark's
+/// agentvm. Its runtimes run agentvm through one link that
+/// `tests/support` points at the binary of whichever test or benchmark run
+/// started last, so a test run started by someone else during the
+/// benchmark silently swaps the binary under it.
+pub fn foreign_agentvm() -> Option<String> {
+    let link = Path::new(RUN_DIR).join("bin/agentvm");
+    let ours = agentvm_bin();
+    match std::fs::read_link(&link) {
+        Ok(target) if target == ours => None,
+        Ok(target) => Some(format!(
+            "{} points at {}, not at this run's {}: another test run re-pointed it, so Docker \
+             ran that binary",
+            link.display(),
+            target.display(),
+            ours.display()
+        )),
+        Err(e) => Some(format!("cannot read {}: {e}", link.display())),
+    }
+}
+
+/// One timed `docker run --rm --runtime DOCKER_NAME OPTS local/busybox true`;
+/// for an agentvm runtime, an error if the daemon's agentvm was not ours
+/// before or after it (see [`foreign_agentvm`]).
 pub fn run_true(d: &Docker, docker_name: &str, opts: &[&str]) -> Result<Duration, BenchError> {
+    let agentvm = docker_name.starts_with("agentvm");
+    let check = || match foreign_agentvm() {
+        Some(why) if agentvm => Err(BenchError::ForeignAgentvm(why)),
+        _ => Ok(()),
+    };
+    check()?;
+    let elapsed = timed_run(d, docker_name, opts)?;
+    check()?;
+    Ok(elapsed)
+}
+
+fn timed_run(d: &Docker, docker_name: &str, opts: &[&str]) -> Result<Duration, BenchError> {
     let mut cmd = d.cmd();
     cmd.args(["run", "--rm", "--runtime", docker_name])
         .args(opts)

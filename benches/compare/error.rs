@@ -32,6 +32,8 @@ pub enum BenchError {
     Workload { id: String, status: String },
     #[error("container {id}: still running after {secs} s")]
     Hung { id: String, secs: u64 },
+    #[error("{0}")]
+    ForeignAgentvm(String),
     #[error("container {id}: not running {secs} s after `start`")]
     NotRunning { id: String, secs: u64 },
 }

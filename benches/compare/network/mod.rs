@@ -458,6 +458,23 @@ fn measure(ctx: &Ctx, web: &mut Web, name: &'static str, docker_name: &str) -> F
     }
 }
 
+/// [`measure`], for an agentvm row only if the test dockerd runs this
+/// benchmark's agentvm before and after it (another test run on the
+/// machine may re-point it): figures of another build would be wrong
+/// without anything showing it.
+fn measure_ours(ctx: &Ctx, web: &mut Web, name: &'static str, docker_name: &str) -> Figures {
+    let agentvm = docker_name.starts_with("agentvm");
+    let foreign = || docker_run::foreign_agentvm().filter(|_| agentvm);
+    if let Some(why) = foreign() {
+        return Figures::failed(name, &why);
+    }
+    let figures = measure(ctx, web, name, docker_name);
+    match foreign() {
+        Some(why) => Figures::failed(name, &format!("{why} (during this row)")),
+        None => figures,
+    }
+}
+
 /// The throughput and HTTP figures of every row.
 fn throughput(ctx: &Ctx, rows: &[NetRow]) -> Result<Vec<Figures>, String> {
     let web_name = format!("avmb-net-web-{}", std::process::id());
@@ -481,7 +498,7 @@ fn throughput(ctx: &Ctx, rows: &[NetRow]) -> Result<Vec<Figures>, String> {
     let mut out = Vec::new();
     for row in rows {
         out.push(match &row.docker_name {
-            Ok(docker_name) => measure(ctx, &mut web, row.name, docker_name),
+            Ok(docker_name) => measure_ours(ctx, &mut web, row.name, docker_name),
             Err(why) => Figures::all(row.name, why.clone()),
         });
     }
