@@ -23,6 +23,50 @@ pub enum JailError {
     },
 }
 
+/// Calls no jailed process needs, and the first things a hijacked one
+/// would try (ptrace, mounts, namespace changes, module loading, new
+/// privileges): they end it (SIGSYS) rather than fail. Exec is not among
+/// them; see [`fatal_with_exec`].
+pub const FATAL: &[&str] = &[
+    "execveat",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "setns",
+    "unshare",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "setuid",
+    "setgid",
+    "setreuid",
+    "setregid",
+    "setresuid",
+    "setresgid",
+    "setgroups",
+    "capset",
+    "userfaultfd",
+    "open_by_handle_at",
+];
+
+/// [`FATAL`] and `execve`, for a process that never runs a program.
+pub fn fatal_with_exec() -> Vec<&'static str> {
+    std::iter::once("execve")
+        .chain(FATAL.iter().copied())
+        .collect()
+}
+
 /// A seccomp filter, not yet loaded: `allowed` calls pass, `fatal` ones
 /// kill the process, any other fails with EPERM, as does another ABI.
 /// Signals may go to this process's own threads and to `children`,

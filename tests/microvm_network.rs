@@ -23,6 +23,15 @@ use common::bundle::{assert_nothing_left, Fixture};
 const PEER: &str = "10.231.0.1";
 const GUEST: &str = "10.231.0.2";
 
+/// What a script's `echo "WHAT RESULT"` line said for WHAT.
+fn said(out: &common::cmd::Output, what: &str) -> String {
+    out.stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{what} ")))
+        .unwrap_or("missing")
+        .to_string()
+}
+
 /// Two namespaces joined by a veth pair; both removed on drop.
 struct Netns {
     peer: String,
@@ -118,6 +127,15 @@ impl Netns {
             ip_out(&["-n", &self.container, "neigh", "show", "proxy"]),
             ip_out(&["-n", &self.container, "-4", "rule", "show"])
         )
+    }
+
+    /// The nft tables of the container's namespace, one per line.
+    fn nft_tables(&self) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.container, "nft", "list", "tables"])
+            .output()
+            .expect("nft");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
     /// Runs `cmd` in the peer namespace.
@@ -299,13 +317,7 @@ fn the_guest_cannot_use_another_address_or_mac() {
     write_script(&f, &ns, script);
     let out = f.agentvm(&["run", "--bundle", &bundle_arg(&f), "mvn-spoof"]);
     assert_eq!(out.code, 0, "{out}");
-    let said = |what: &str| {
-        out.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{what} ")))
-            .unwrap_or("missing")
-            .to_string()
-    };
+    let said = |what: &str| said(&out, what);
     assert_eq!(said("own"), "reached", "{out}");
     assert_eq!(said("second-address"), "cut-off", "{out}");
     assert_eq!(said("changed-address"), "cut-off", "{out}");
@@ -458,15 +470,7 @@ fn the_egress_policy_is_enforced_outside_the_guest() {
         before,
         "rules and routes are gone after delete"
     );
-    let nft = Command::new("ip")
-        .args(["netns", "exec", &ns.container, "nft", "list", "tables"])
-        .output()
-        .expect("nft");
-    assert_eq!(
-        String::from_utf8_lossy(&nft.stdout).trim(),
-        "",
-        "nft tables left"
-    );
+    assert_eq!(ns.nft_tables(), "", "nft tables left");
 }
 
 #[test]
@@ -597,13 +601,7 @@ fn allowed_names_resolve_and_connect_and_nothing_else_does() {
         "mvn-names",
     ]);
     assert_eq!(out.code, 0, "{out}");
-    let said = |what: &str| {
-        out.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{what} ")))
-            .unwrap_or("missing")
-            .to_string()
-    };
+    let said = |what: &str| said(&out, what);
     assert_eq!(said("name"), "ok", "{out}");
     assert_eq!(said("other-port"), "refused", "{out}");
     assert_eq!(said("denied-name"), "refused", "{out}");
@@ -797,13 +795,7 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
         id,
     ]);
     assert_eq!(out.code, 0, "{out}");
-    let said = |what: &str| {
-        out.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{what} ")))
-            .unwrap_or("missing")
-            .to_string()
-    };
+    let said = |what: &str| said(&out, what);
     for (what, want) in [
         ("lookup", "ok"),
         ("host-allowed", "ok"),
@@ -872,11 +864,7 @@ fn lane_counts(lanes: &[(Fixture, Netns)]) -> String {
     for (f, ns) in lanes {
         let root = f.dir.path().to_str().expect("utf-8").to_string();
         let procs = common::bundle::processes_with(&root).len();
-        let nft = Command::new("ip")
-            .args(["netns", "exec", &ns.container, "nft", "list", "tables"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
-            .unwrap_or(0);
+        let nft = ns.nft_tables().lines().count();
         let netns = ip_out(&["netns", "list"])
             .lines()
             .filter(|l| l.contains(&ns.container) || l.contains(&ns.peer))
@@ -969,15 +957,7 @@ fn a_killed_egress_daemon_fails_closed_and_a_killed_vm_leaves_nothing() {
         before,
         "routes, proxy entries and taps are gone"
     );
-    let tables = Command::new("ip")
-        .args(["netns", "exec", &ns.container, "nft", "list", "tables"])
-        .output()
-        .expect("nft");
-    assert_eq!(
-        String::from_utf8_lossy(&tables.stdout).trim(),
-        "",
-        "nft tables left"
-    );
+    assert_eq!(ns.nft_tables(), "", "nft tables left");
     assert!(daemon_of(id).is_empty(), "{:?}", daemon_of(id));
 }
 

@@ -117,40 +117,6 @@ const FOR_NFT: &[&str] = &[
     "pidfd_send_signal",
 ];
 
-/// Never needed: they end the daemon at once.
-const FATAL: &[&str] = &[
-    "execveat",
-    "ptrace",
-    "process_vm_readv",
-    "process_vm_writev",
-    "mount",
-    "umount2",
-    "pivot_root",
-    "chroot",
-    "setns",
-    "unshare",
-    "init_module",
-    "finit_module",
-    "delete_module",
-    "kexec_load",
-    "kexec_file_load",
-    "bpf",
-    "perf_event_open",
-    "keyctl",
-    "add_key",
-    "request_key",
-    "setuid",
-    "setgid",
-    "setreuid",
-    "setregid",
-    "setresuid",
-    "setresgid",
-    "setgroups",
-    "capset",
-    "userfaultfd",
-    "open_by_handle_at",
-];
-
 /// Enters the jail; `nft` when the daemon must be able to run `nft`.
 /// The parent-death signal is set again (a change of user clears it), and
 /// the daemon ends if its parent is already gone.
@@ -171,12 +137,12 @@ pub fn enter(nft: bool) -> Result<(), JailError> {
     };
     jail::drop_capabilities_except(keep)?;
     let mut allowed = ALLOWED.to_vec();
-    let mut fatal = FATAL.to_vec();
-    if nft {
+    let fatal = if nft {
         allowed.extend(FOR_NFT);
+        jail::FATAL.to_vec()
     } else {
-        fatal.push("execve");
-    }
+        jail::fatal_with_exec()
+    };
     jail::filter(&allowed, &fatal, &[])?
         .load()
         .map_err(|source| JailError::Seccomp {

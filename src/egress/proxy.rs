@@ -524,6 +524,57 @@ fn forbidden(dst: IpAddr, own: &[IpAddr]) -> bool {
         || dst == IpAddr::V4(Ipv4Addr::BROADCAST)
 }
 
+/// One connection's audit line, filled in as the connection goes.
+struct Line {
+    dst: SocketAddr,
+    name: Option<(String, NameSource)>,
+    verdict: Verdict,
+    rule: Option<String>,
+    reason: Option<String>,
+    bytes_out: u64,
+    bytes_in: u64,
+    duration_ms: u64,
+    suppressed: u64,
+}
+
+impl Line {
+    fn new(dst: SocketAddr, name: Option<(String, NameSource)>, verdict: Verdict) -> Line {
+        Line {
+            dst,
+            name,
+            verdict,
+            rule: None,
+            reason: None,
+            bytes_out: 0,
+            bytes_in: 0,
+            duration_ms: 0,
+            suppressed: 0,
+        }
+    }
+
+    fn reason(mut self, reason: String) -> Line {
+        self.reason = Some(reason);
+        self
+    }
+
+    fn event(self) -> Event {
+        Event::Connection {
+            verdict: self.verdict,
+            rule: self.rule,
+            reason: self.reason,
+            proto: "tcp".into(),
+            dst: self.dst.ip(),
+            port: self.dst.port(),
+            name: self.name.as_ref().map(|(n, _)| bounded(n)),
+            name_from: self.name.map(|(_, s)| s),
+            bytes_out: self.bytes_out,
+            bytes_in: self.bytes_in,
+            duration_ms: self.duration_ms,
+            suppressed: self.suppressed,
+        }
+    }
+}
+
 /// The proxy: accepts on `listener` and handles each connection on its
 /// own thread. `own` are the namespace's service addresses.
 pub struct Proxy {
@@ -579,19 +630,10 @@ impl Proxy {
             Some((n, source)) => format!("tcp {dst} {n} {source:?}"),
             None => format!("tcp {dst}"),
         };
-        self.trail.limited(&key, |suppressed| Event::Connection {
-            verdict: Verdict::Denied,
-            rule: None,
-            reason: Some(reason),
-            proto: "tcp".into(),
-            dst: dst.ip(),
-            port: dst.port(),
-            name: name.as_ref().map(|(n, _)| bounded(n)),
-            name_from: name.map(|(_, s)| s),
-            bytes_out: 0,
-            bytes_in: 0,
-            duration_ms: 0,
-            suppressed,
+        self.trail.limited(&key, |suppressed| {
+            let mut ev = Line::new(dst, name, Verdict::Denied).reason(reason);
+            ev.suppressed = suppressed;
+            ev.event()
         });
     }
 
@@ -622,38 +664,20 @@ impl Proxy {
         let upstream = match TcpStream::connect_timeout(&dst, CONNECT_TIMEOUT) {
             Ok(u) => u,
             Err(e) => {
-                self.trail.record(Event::Connection {
-                    verdict: Verdict::Allowed,
-                    rule: rule_text,
-                    reason: Some(format!("connect: {e}")),
-                    proto: "tcp".into(),
-                    dst: dst.ip(),
-                    port: dst.port(),
-                    name: name.as_ref().map(|(n, _)| bounded(n)),
-                    name_from: name.map(|(_, s)| s),
-                    bytes_out: 0,
-                    bytes_in: 0,
-                    duration_ms: started.elapsed().as_millis() as u64,
-                    suppressed: 0,
-                });
+                let mut ev = Line::new(dst, name, Verdict::Allowed).reason(format!("connect: {e}"));
+                ev.rule = rule_text;
+                ev.duration_ms = started.elapsed().as_millis() as u64;
+                self.trail.record(ev.event());
                 return reset(client);
             }
         };
         let (bytes_out, bytes_in) = relay(client, upstream);
-        self.trail.record(Event::Connection {
-            verdict: Verdict::Allowed,
-            rule: rule_text,
-            reason: None,
-            proto: "tcp".into(),
-            dst: dst.ip(),
-            port: dst.port(),
-            name: name.as_ref().map(|(n, _)| bounded(n)),
-            name_from: name.map(|(_, s)| s),
-            bytes_out,
-            bytes_in,
-            duration_ms: started.elapsed().as_millis() as u64,
-            suppressed: 0,
-        });
+        let mut ev = Line::new(dst, name, Verdict::Allowed);
+        ev.rule = rule_text;
+        ev.bytes_out = bytes_out;
+        ev.bytes_in = bytes_in;
+        ev.duration_ms = started.elapsed().as_millis() as u64;
+        self.trail.record(ev.event());
     }
 }
 

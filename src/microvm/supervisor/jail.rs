@@ -128,48 +128,14 @@ const ALLOWED: &[&str] = &[
     "exit_group",
 ];
 
-/// Never needed once the VM runs, and the first things a hijacked
-/// supervisor would try: they end it (SIGSYS) rather than fail.
-const FATAL: &[&str] = &[
-    "execve",
-    "execveat",
-    "ptrace",
-    "process_vm_readv",
-    "process_vm_writev",
-    "mount",
-    "umount2",
-    "pivot_root",
-    "chroot",
-    "setns",
-    "unshare",
-    "init_module",
-    "finit_module",
-    "delete_module",
-    "kexec_load",
-    "kexec_file_load",
-    "bpf",
-    "perf_event_open",
-    "keyctl",
-    "add_key",
-    "request_key",
-    "setuid",
-    "setgid",
-    "setreuid",
-    "setregid",
-    "setresuid",
-    "setresgid",
-    "setgroups",
-    "capset",
-    "userfaultfd",
-    "open_by_handle_at",
-];
-
 /// The filter, not yet loaded (tests load it in a child). Signals may go
 /// to this process's own threads and to `children` (the VMM and its file
 /// server), nowhere else: uid 0 without capabilities could still signal
 /// every root process of the host.
 pub fn filter(children: &[i32]) -> Result<ScmpFilterContext, JailError> {
-    crate::jail::filter(ALLOWED, FATAL, children)
+    // Never needed once the VM runs, and the first things a hijacked
+    // supervisor would try, exec among them: they end it (SIGSYS).
+    crate::jail::filter(ALLOWED, &crate::jail::fatal_with_exec(), children)
 }
 
 pub use crate::jail::drop_capabilities;
