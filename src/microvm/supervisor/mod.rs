@@ -65,6 +65,13 @@ pub enum SupervisorError {
     /// trusted further and the VM is killed.
     #[error("guest protocol violation: {0}")]
     Violation(String),
+    /// Boot failed while talking to the guest; the last lines of its
+    /// console (sanitised, bounded) say why the guest went away.
+    #[error("{error}; the guest's console ended with: {console}")]
+    WithConsole {
+        error: Box<SupervisorError>,
+        console: String,
+    },
     #[error("the guest did not boot within {secs}s ({detail}); console log: {console}")]
     BootTimeout {
         secs: u64,
@@ -304,7 +311,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         Ok(g) => g,
         Err(e) => {
             vm.kill();
-            return Err(e);
+            return Err(with_console(e, &config.console_log));
         }
     };
     if !plumbed.guest.interfaces.is_empty() {
@@ -320,7 +327,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             |r| matches!(r, Reply::Ok),
         ) {
             vm.kill();
-            return Err(e);
+            return Err(with_console(e, &config.console_log));
         }
     }
     let create = HostMessage::Create {
@@ -335,7 +342,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         |r| matches!(r, Reply::Created { .. }),
     ) {
         vm.kill();
-        return Err(e);
+        return Err(with_console(e, &config.console_log));
     }
     // createContainer hooks resolve in the runtime's namespaces and run in
     // the container's: for a VM, the host side of those is the supervisor,
@@ -376,6 +383,51 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
 /// Sends a boot request and waits for the reply `expected` accepts: the
 /// guest's own error, any other reply (a protocol violation) or no reply is
 /// an error.
+/// Most bytes of the guest's console put in an error.
+const CONSOLE_TAIL: usize = 400;
+
+/// The last lines of the guest's console, for an error: printable ASCII
+/// only (the guest writes it), at most [`CONSOLE_TAIL`] bytes.
+fn console_tail(path: &Path) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    let start = bytes.len().saturating_sub(64 * 1024);
+    let text: String = String::from_utf8_lossy(&bytes[start..])
+        .chars()
+        .map(|c| {
+            if c == '\n' || (' '..='~').contains(&c) {
+                c
+            } else {
+                ' '
+            }
+        })
+        .collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut tail = lines[lines.len().saturating_sub(4)..].join(" | ");
+    if tail.len() > CONSOLE_TAIL {
+        tail = format!("…{}", &tail[tail.len() - CONSOLE_TAIL..]);
+    }
+    (!tail.is_empty()).then_some(tail)
+}
+
+/// `e`, with the console's last lines when the guest went away (a boot
+/// timeout names the console file already; a hook is not the guest's).
+fn with_console(e: SupervisorError, console: &Path) -> SupervisorError {
+    match e {
+        SupervisorError::BootTimeout { .. } | SupervisorError::Hook(_) => e,
+        e => match console_tail(console) {
+            Some(console) => SupervisorError::WithConsole {
+                error: Box::new(e),
+                console,
+            },
+            None => e,
+        },
+    }
+}
+
 fn request(
     guest: &mut UnixStream,
     msg: &HostMessage,
@@ -526,6 +578,35 @@ pub fn exit_code(status: i32) -> i32 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_console_tail_is_printable_bounded_and_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        assert!(console_tail(&path).is_none(), "no file");
+        let mut text = b"early\n".to_vec();
+        text.extend(b"x\x1b[31mred\x07\r\n\n\n");
+        text.extend(vec![b'a'; 2000]);
+        text.extend(b"\nKernel panic - not syncing: Attempted to kill init!\n\xff\xfe");
+        std::fs::write(&path, &text).unwrap();
+        let tail = console_tail(&path).unwrap();
+        assert!(
+            tail.len() <= CONSOLE_TAIL + '…'.len_utf8(),
+            "{}",
+            tail.len()
+        );
+        assert!(tail.contains("Kernel panic - not syncing"), "{tail}");
+        assert!(!tail.contains('\x1b') && !tail.contains('\x07'), "{tail:?}");
+        let e = with_console(SupervisorError::Guest("gone".into()), &path);
+        assert!(
+            e.to_string()
+                .starts_with("guest: gone; the guest's console ended with: "),
+            "{e}"
+        );
+        let hook = with_console(SupervisorError::Hook("hook failed".into()), &path);
+        assert_eq!(hook.to_string(), "hook failed");
+    }
+
     use super::*;
 
     #[test]
