@@ -20,6 +20,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::bundle::{skip_unless_root, Fixture};
+use common::netns::{Netns, PeerServer};
 use common::otlp::Receiver;
 
 /// `[audit]` lines of a config with the fixture's own audit file and, when
@@ -414,92 +415,6 @@ fn microvm_execs_are_audited_by_the_relay_and_exported() {
     stop_exporter(&f);
 }
 
-/// A network namespace for the container with a veth to a peer namespace
-/// (both the test's own, as CNI leaves them), and busybox httpd on the peer.
-struct PeerNet {
-    peer: String,
-    container: String,
-    server: Option<std::process::Child>,
-    _www: tempfile::TempDir,
-}
-
-const NET_PEER: &str = "10.232.0.1";
-
-fn ip(args: &[&str]) {
-    let out = std::process::Command::new("ip")
-        .args(args)
-        .output()
-        .expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl PeerNet {
-    fn new() -> PeerNet {
-        let pid = std::process::id();
-        let www = tempfile::tempdir().expect("tempdir");
-        std::fs::write(www.path().join("index.html"), "x".repeat(1000)).expect("index.html");
-        let mut n = PeerNet {
-            peer: format!("ava-p-{pid}"),
-            container: format!("ava-c-{pid}"),
-            server: None,
-            _www: www,
-        };
-        let (p, c) = (n.peer.clone(), n.container.clone());
-        ip(&["netns", "add", &p]);
-        ip(&["netns", "add", &c]);
-        ip(&[
-            "-n", &p, "link", "add", "veth0", "type", "veth", "peer", "name", "eth0", "netns", &c,
-        ]);
-        ip(&[
-            "-n",
-            &p,
-            "addr",
-            "add",
-            &format!("{NET_PEER}/24"),
-            "dev",
-            "veth0",
-        ]);
-        ip(&["-n", &p, "link", "set", "veth0", "up"]);
-        ip(&["-n", &p, "link", "set", "lo", "up"]);
-        ip(&["-n", &c, "addr", "add", "10.232.0.2/24", "dev", "eth0"]);
-        ip(&["-n", &c, "link", "set", "eth0", "up"]);
-        ip(&["-n", &c, "route", "add", "default", "via", NET_PEER]);
-        n.server = Some(
-            std::process::Command::new("ip")
-                .args(["netns", "exec", &p, "busybox", "httpd", "-f", "-p"])
-                .arg(format!("{NET_PEER}:8000"))
-                .arg("-h")
-                .arg(n._www.path())
-                .spawn()
-                .expect("busybox httpd in the peer namespace"),
-        );
-        n
-    }
-
-    fn path(&self) -> String {
-        format!("/var/run/netns/{}", self.container)
-    }
-}
-
-impl Drop for PeerNet {
-    fn drop(&mut self) {
-        if let Some(mut s) = self.server.take() {
-            let _ = s.kill();
-            let _ = s.wait();
-        }
-        for ns in [&self.container, &self.peer] {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", ns])
-                .status();
-        }
-    }
-}
-
 /// The egress daemon's own lines, from a real microVM behind a policy:
 /// printed by `audit ID`, added up by `events --stats` and exported.
 #[test]
@@ -514,7 +429,8 @@ fn real_connection_lines_are_counted_and_exported() {
     let mut text = std::fs::read_to_string(&config).expect("config");
     text.push_str(&audit_config(f.dir.path(), Some(&receiver)));
     std::fs::write(&config, text).expect("config");
-    let net = PeerNet::new();
+    let net = Netns::new("audit");
+    let _www = PeerServer::start(&net, 8000, &"x".repeat(1000));
     let netns = net.path();
     // One allowed fetch (1000 bytes back), one denied destination tried
     // three times (the proxy refuses it before any packet leaves). No
@@ -523,8 +439,8 @@ fn real_connection_lines_are_counted_and_exported() {
         &[
             "sh",
             "-c",
-            "wget -q -O /dev/null http://10.232.0.1:8000/; \
-             for i in 1 2 3; do wget -q -O /dev/null http://10.232.0.1:8001/; done; \
+            "wget -q -O /dev/null http://10.231.0.1:8000/; \
+             for i in 1 2 3; do wget -q -O /dev/null http://10.231.0.1:8001/; done; \
              sleep 1000",
         ],
         |c| {
@@ -538,7 +454,7 @@ fn real_connection_lines_are_counted_and_exported() {
     let id = common::unique_name("audit-net");
     let out = f.agentvm(&[
         "--egress",
-        "10.232.0.1:8000",
+        "10.231.0.1:8000",
         "create",
         "--bundle",
         f.bundle().to_str().expect("utf-8"),
@@ -568,7 +484,7 @@ fn real_connection_lines_are_counted_and_exported() {
     );
     let allowed = &conns("allowed")[0];
     assert_eq!(allowed["port"], 8000, "{allowed}");
-    assert_eq!(allowed["rule"], "10.232.0.1:8000", "{allowed}");
+    assert_eq!(allowed["rule"], "10.231.0.1:8000", "{allowed}");
     assert!(
         allowed["bytes_in"].as_u64().unwrap_or(0) >= 1000,
         "{allowed}"

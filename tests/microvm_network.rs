@@ -15,13 +15,11 @@
 use agentvm_test_support as common;
 use common::require;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use common::bundle::{assert_nothing_left, Fixture};
 
-const PEER: &str = "10.231.0.1";
-const GUEST: &str = "10.231.0.2";
+use common::netns::{ip, ip_out, Netns, PeerServer, GUEST, PEER};
 
 /// What a script's `echo "WHAT RESULT"` line said for WHAT.
 fn said(out: &common::cmd::Output, what: &str) -> String {
@@ -30,122 +28,6 @@ fn said(out: &common::cmd::Output, what: &str) -> String {
         .find_map(|l| l.strip_prefix(&format!("{what} ")))
         .unwrap_or("missing")
         .to_string()
-}
-
-/// Two namespaces joined by a veth pair; both removed on drop.
-struct Netns {
-    peer: String,
-    container: String,
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn ip_out(args: &[&str]) -> String {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let n = Netns {
-            peer: format!("avp-{tag}-{}", std::process::id()),
-            container: format!("avc-{tag}-{}", std::process::id()),
-        };
-        ip(&["netns", "add", &n.peer]);
-        ip(&["netns", "add", &n.container]);
-        ip(&[
-            "-n",
-            &n.peer,
-            "link",
-            "add",
-            "veth0",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            &n.container,
-        ]);
-        ip(&[
-            "-n",
-            &n.peer,
-            "addr",
-            "add",
-            &format!("{PEER}/24"),
-            "dev",
-            "veth0",
-        ]);
-        ip(&["-n", &n.peer, "link", "set", "veth0", "up"]);
-        ip(&["-n", &n.peer, "link", "set", "lo", "up"]);
-        ip(&[
-            "-n",
-            &n.container,
-            "addr",
-            "add",
-            &format!("{GUEST}/24"),
-            "dev",
-            "eth0",
-        ]);
-        ip(&[
-            "-n",
-            &n.container,
-            "link",
-            "set",
-            "eth0",
-            "mtu",
-            "1450",
-            "up",
-        ]);
-        ip(&["-n", &n.container, "route", "add", "default", "via", PEER]);
-        n
-    }
-
-    fn path(&self) -> PathBuf {
-        PathBuf::from("/var/run/netns").join(&self.container)
-    }
-
-    /// What the container's namespace looks like, for before/after: its
-    /// link names, IPv4 routes of every table and proxy neighbours (link
-    /// state and IPv6 autoconfiguration change by themselves).
-    fn snapshot(&self) -> String {
-        let links: Vec<String> = ip_out(&["-n", &self.container, "-o", "link", "show"])
-            .lines()
-            .filter_map(|l| l.split(':').nth(1).map(|n| n.trim().to_string()))
-            .collect();
-        format!(
-            "links {links:?}\n{}{}{}",
-            ip_out(&["-n", &self.container, "-4", "route", "show", "table", "all"]),
-            ip_out(&["-n", &self.container, "neigh", "show", "proxy"]),
-            ip_out(&["-n", &self.container, "-4", "rule", "show"])
-        )
-    }
-
-    /// The nft tables of the container's namespace, one per line.
-    fn nft_tables(&self) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.container, "nft", "list", "tables"])
-            .output()
-            .expect("nft");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-
-    /// Runs `cmd` in the peer namespace.
-    fn in_peer(&self, cmd: &[&str]) -> std::process::Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.peer])
-            .args(cmd)
-            .output()
-            .expect("ip netns exec")
-    }
 }
 
 /// How many ICMP echo requests the peer namespace has received.
@@ -162,17 +44,6 @@ fn peer_echoes(ns: &Netns) -> u64 {
         .find(|(n, _)| *n == "InEchos")
         .and_then(|(_, v)| v.parse().ok())
         .expect("InEchos")
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.container])
-            .status();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.peer])
-            .status();
-    }
 }
 
 fn microvm_in() -> Result<Fixture, String> {
@@ -368,36 +239,6 @@ fn the_guest_cannot_use_another_address_or_mac() {
         "its own address from another MAC: {shown}"
     );
     assert_nothing_left(&f, id);
-}
-
-/// busybox httpd in the peer namespace on `port`, serving `body`; killed on
-/// drop.
-struct PeerServer {
-    child: std::process::Child,
-    _root: tempfile::TempDir,
-}
-
-impl PeerServer {
-    fn start(ns: &Netns, port: u16, body: &str) -> PeerServer {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("index.html"), body).expect("index.html");
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns.peer, "busybox", "httpd", "-f"])
-            .arg("-p")
-            .arg(format!("{PEER}:{port}"))
-            .arg("-h")
-            .arg(dir.path())
-            .spawn()
-            .expect("start httpd in the peer namespace");
-        PeerServer { child, _root: dir }
-    }
-}
-
-impl Drop for PeerServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// What the guest reaches under `policy`: `port:ok|refused` for each
@@ -694,19 +535,7 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
         "veth0",
     ]);
     let _dns = require!(PeerDns::start(&ns, &["allowed.test", "denied.test"]));
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("index.html"), "served").expect("index");
-    let _httpd = Command::new("ip")
-        .args([
-            "netns", "exec", &ns.peer, "busybox", "httpd", "-f", "-p", "8000", "-h",
-        ])
-        .arg(dir.path())
-        .spawn()
-        .map(|child| PeerServer {
-            child,
-            _root: tempfile::tempdir().expect("tempdir"),
-        })
-        .expect("httpd");
+    let _httpd = PeerServer::start_on(&ns, "8000", "served");
     let data = f.dir.path().join("data");
     std::fs::create_dir_all(&data).expect("data");
     for (file, bytes) in [

@@ -39,6 +39,7 @@ pub mod containerd;
 pub mod daemon;
 pub mod docker;
 pub mod guest;
+pub mod netns;
 pub mod otlp;
 pub mod podman;
 pub mod pty;

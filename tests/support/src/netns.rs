@@ -1,0 +1,176 @@
+//! Network namespaces for the network tests: a "peer" and a "container"
+//! namespace joined by a veth pair on a private /24 (as CNI or `ip netns`
+//! leave a container's), the peer serving HTTP with busybox. Nothing
+//! outside the two namespaces is touched; both go on drop.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The peer's address, the container namespace's gateway.
+pub const PEER: &str = "10.231.0.1";
+/// The container namespace's address (the guest's, once it owns it).
+pub const GUEST: &str = "10.231.0.2";
+
+/// Runs `ip ARGS`; a failure fails the test.
+pub fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// What `ip ARGS` prints.
+pub fn ip_out(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Two namespaces joined by a veth pair; both removed on drop.
+pub struct Netns {
+    pub peer: String,
+    pub container: String,
+}
+
+impl Netns {
+    pub fn new(tag: &str) -> Netns {
+        let n = Netns {
+            peer: format!("avp-{tag}-{}", std::process::id()),
+            container: format!("avc-{tag}-{}", std::process::id()),
+        };
+        ip(&["netns", "add", &n.peer]);
+        ip(&["netns", "add", &n.container]);
+        ip(&[
+            "-n",
+            &n.peer,
+            "link",
+            "add",
+            "veth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            &n.container,
+        ]);
+        ip(&[
+            "-n",
+            &n.peer,
+            "addr",
+            "add",
+            &format!("{PEER}/24"),
+            "dev",
+            "veth0",
+        ]);
+        ip(&["-n", &n.peer, "link", "set", "veth0", "up"]);
+        ip(&["-n", &n.peer, "link", "set", "lo", "up"]);
+        ip(&[
+            "-n",
+            &n.container,
+            "addr",
+            "add",
+            &format!("{GUEST}/24"),
+            "dev",
+            "eth0",
+        ]);
+        ip(&[
+            "-n",
+            &n.container,
+            "link",
+            "set",
+            "eth0",
+            "mtu",
+            "1450",
+            "up",
+        ]);
+        ip(&["-n", &n.container, "route", "add", "default", "via", PEER]);
+        n
+    }
+
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/var/run/netns").join(&self.container)
+    }
+
+    /// What the container's namespace looks like, for before/after: its
+    /// link names, IPv4 routes of every table and proxy neighbours (link
+    /// state and IPv6 autoconfiguration change by themselves).
+    pub fn snapshot(&self) -> String {
+        let links: Vec<String> = ip_out(&["-n", &self.container, "-o", "link", "show"])
+            .lines()
+            .filter_map(|l| l.split(':').nth(1).map(|n| n.trim().to_string()))
+            .collect();
+        format!(
+            "links {links:?}\n{}{}{}",
+            ip_out(&["-n", &self.container, "-4", "route", "show", "table", "all"]),
+            ip_out(&["-n", &self.container, "neigh", "show", "proxy"]),
+            ip_out(&["-n", &self.container, "-4", "rule", "show"])
+        )
+    }
+
+    /// The nft tables of the container's namespace, one per line.
+    pub fn nft_tables(&self) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.container, "nft", "list", "tables"])
+            .output()
+            .expect("nft");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Runs `cmd` in the peer namespace.
+    pub fn in_peer(&self, cmd: &[&str]) -> std::process::Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.peer])
+            .args(cmd)
+            .output()
+            .expect("ip netns exec")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.container])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.peer])
+            .status();
+    }
+}
+
+/// busybox httpd in the peer namespace on `port`, serving `body`; killed on
+/// drop.
+pub struct PeerServer {
+    child: std::process::Child,
+    _root: tempfile::TempDir,
+}
+
+impl PeerServer {
+    pub fn start(ns: &Netns, port: u16, body: &str) -> PeerServer {
+        PeerServer::start_on(ns, &format!("{PEER}:{port}"), body)
+    }
+
+    /// Listening on `listen` (`[ADDR:]PORT`, busybox httpd's `-p`).
+    pub fn start_on(ns: &Netns, listen: &str, body: &str) -> PeerServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("index.html"), body).expect("index.html");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns.peer, "busybox", "httpd", "-f"])
+            .arg("-p")
+            .arg(listen)
+            .arg("-h")
+            .arg(dir.path())
+            .spawn()
+            .expect("start httpd in the peer namespace");
+        PeerServer { child, _root: dir }
+    }
+}
+
+impl Drop for PeerServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
