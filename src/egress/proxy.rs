@@ -442,16 +442,20 @@ fn peek_first_flight(client: &TcpStream) -> FirstFlight {
             Err(_) => return FirstFlight::Nameless,
         }
         let n = match client.peek(&mut buf) {
+            // Readable with nothing to read: the client closed its side.
+            Ok(0) => return first_flight(&[], true),
             Ok(n) => n,
             Err(_) => return FirstFlight::Nameless,
         };
-        // The client closed its side, or sent nothing new.
-        let closed = n == last_len;
+        // Bytes already peeked keep the socket readable: poll cannot say
+        // when more arrive, so an incomplete flight with nothing new waits
+        // a moment. Only a full buffer or the deadline ends it unfinished
+        // (a ClientHello in two segments must not pass for nameless).
+        let nothing_new = n == last_len;
         last_len = n;
-        match first_flight(&buf[..n], n == buf.len() || closed) {
+        match first_flight(&buf[..n], n == buf.len()) {
             FirstFlight::Incomplete => {
-                if closed {
-                    // Wait for more rather than spin on the same bytes.
+                if nothing_new {
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
@@ -956,6 +960,37 @@ mod tests {
         assert_eq!(answer, (3 << 20).to_string());
         srv.join().unwrap();
         assert_eq!(relayed.join().unwrap(), (3 << 20, answer.len() as u64));
+    }
+
+    /// A ClientHello that arrives in two pieces is still read whole: the
+    /// name in its second piece decides, not "nothing named".
+    #[test]
+    fn a_first_flight_in_two_pieces_is_waited_for() {
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = front.local_addr().unwrap();
+        let hello = client_hello(Some("evil.example"), 1 << 14);
+        let (a, b) = hello.split_at(hello.len() / 2);
+        let (a, b) = (a.to_vec(), b.to_vec());
+        let sender = std::thread::spawn(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(&a).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            c.write_all(&b).unwrap();
+            c
+        });
+        let (server, _) = front.accept().unwrap();
+        assert_eq!(
+            peek_first_flight(&server),
+            FirstFlight::Name("evil.example".into(), NameSource::Sni)
+        );
+        drop(sender.join().unwrap());
+        // A client that closes without a word names nothing, at once.
+        let quiet = std::thread::spawn(move || drop(TcpStream::connect(addr).unwrap()));
+        let (server, _) = front.accept().unwrap();
+        quiet.join().unwrap();
+        let started = Instant::now();
+        assert_eq!(peek_first_flight(&server), FirstFlight::Nameless);
+        assert!(started.elapsed() < NAME_WAIT, "{:?}", started.elapsed());
     }
 
     #[test]
