@@ -21,6 +21,7 @@ pub mod jail;
 pub mod logging;
 pub mod microvm;
 pub mod netlink;
+pub mod router;
 pub mod signal;
 pub mod state;
 pub mod term;

@@ -14,7 +14,9 @@ use netlink_packet_core::{
     NLM_F_REPLACE, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
-use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkLayerType, LinkMessage};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkLayerType, LinkMessage,
+};
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
@@ -356,6 +358,20 @@ impl Netlink {
         Ok(())
     }
 
+    /// Adds a route unless one to the same destination is there (the
+    /// kernel's own for an address's subnet stays as the kernel made it).
+    pub fn ensure_route(&mut self, route: &Route) -> Result<()> {
+        let msg = Self::route_message(route);
+        match self.request(
+            "add a route",
+            RouteNetlinkMessage::NewRoute(msg),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        ) {
+            Ok(_) => Ok(()),
+            Err(e) => e.unless(libc::EEXIST),
+        }
+    }
+
     pub fn del_route(&mut self, route: &Route) -> Result<()> {
         let mut msg = Self::route_message(route);
         // Match any protocol and scope, as `ip route del` does.
@@ -442,6 +458,50 @@ impl Netlink {
         Ok(())
     }
 
+    /// Creates veth pair `name` (here, down) — `peer` with `mac` and `mtu`
+    /// in the namespace open as `peer_netns` (down).
+    pub fn add_veth(
+        &mut self,
+        name: &str,
+        peer: &str,
+        mac: [u8; 6],
+        mtu: u32,
+        peer_netns: std::os::fd::RawFd,
+    ) -> Result<()> {
+        let mut other = LinkMessage::default();
+        other
+            .attributes
+            .push(LinkAttribute::IfName(peer.to_string()));
+        other.attributes.push(LinkAttribute::Address(mac.to_vec()));
+        other.attributes.push(LinkAttribute::Mtu(mtu));
+        other.attributes.push(LinkAttribute::NetNsFd(peer_netns));
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        msg.attributes.push(LinkAttribute::Mtu(mtu));
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(other))),
+        ]));
+        self.request(
+            "create a veth pair",
+            RouteNetlinkMessage::NewLink(msg),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )?;
+        Ok(())
+    }
+
+    /// Deletes link `index` (a veth takes its peer with it).
+    pub fn del_link(&mut self, index: u32) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        self.request(
+            "delete a link",
+            RouteNetlinkMessage::DelLink(msg),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
     pub fn del_proxy_neighbour(&mut self, index: u32, addr: IpAddr) -> Result<()> {
         let msg = proxy_neighbour(index, addr);
         self.request(
@@ -451,6 +511,31 @@ impl Netlink {
         )?;
         Ok(())
     }
+}
+
+/// Gives `link` an interface's name, MTU, addresses and routes (main
+/// table), and sets it up. The link's MAC is the interface's already.
+pub fn configure_interface(
+    nl: &mut Netlink,
+    link: &Link,
+    iface: &crate::protocol::Interface,
+) -> Result<()> {
+    let rename = (link.name != iface.name).then_some(iface.name.as_str());
+    nl.set_link(link.index, rename, None, Some(iface.mtu), true)?;
+    for a in &iface.addresses {
+        nl.add_address(link.index, a.addr, a.prefix)?;
+    }
+    for r in &iface.routes {
+        nl.ensure_route(&Route {
+            table: TABLE_MAIN,
+            dst: r.dst.addr,
+            prefix: r.dst.prefix,
+            gateway: r.gateway,
+            oif: Some(link.index),
+            kind: RouteKind::Unicast,
+        })?;
+    }
+    Ok(())
 }
 
 fn proxy_neighbour(index: u32, addr: IpAddr) -> NeighbourMessage {

@@ -167,6 +167,9 @@ pub struct EgressDaemonArgs {
     /// The namespace's service addresses, never a destination.
     #[arg(long = "own")]
     pub own: Vec<std::net::IpAddr>,
+    /// A pidfd is passed: the daemon ends when that process does.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 #[derive(Args, Debug)]
@@ -295,7 +298,13 @@ fn egress_daemon(args: EgressDaemonArgs) -> anyhow::Result<u8> {
     let proxy = unsafe { std::net::TcpListener::from_raw_fd(daemon::PROXY_FD) };
     let add: crate::egress::resolver::AddElements =
         std::sync::Arc::new(|elements: &str| crate::egress::nft::apply(elements).is_ok());
+    let watch = args.watch.then(|| {
+        // SAFETY: the parent passes a pidfd as this descriptor when it
+        // says --watch, and nothing else here owns it.
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(daemon::WATCH_FD) }
+    });
     daemon::run(Options {
+        watch,
         policy,
         id: args.id,
         audit: args.audit,

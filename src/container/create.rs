@@ -28,6 +28,8 @@ pub struct CreateOptions {
     pub stdin: Option<OwnedFd>,
     pub stdout: Option<OwnedFd>,
     pub stderr: Option<OwnedFd>,
+    /// An egress policy other than `allow`, and the audit trail.
+    pub egress: Option<(crate::egress::Policy, PathBuf)>,
 }
 
 /// Creates the container; on any failure removes what was made for it. The
@@ -36,13 +38,14 @@ pub fn create(
     ctx: &Context,
     id: &str,
     bundle: &Bundle,
-    opts: CreateOptions,
+    mut opts: CreateOptions,
 ) -> Result<Container, ContainerError> {
     // Before libcontainer starts anything: it ignores SELinux labels, and
     // its init changes to the cwd before it waits for `start`.
     lsm::check_spec(&bundle.spec, lsm::selinux_enabled())?;
     cwd::ensure(&bundle.spec, &bundle.rootfs)?;
     let dir = ctx.container_dir(id);
+    let egress = opts.egress.take();
     let result = {
         let _helpers = MapHelpers::install(&bundle.spec, &ctx.root)?;
         build(ctx, id, bundle, opts)
@@ -52,6 +55,12 @@ pub fn create(
             if let Err(e) = fix_up(&container, bundle) {
                 discard(ctx, id, &container);
                 return Err(e);
+            }
+            if let Some((policy, audit)) = &egress {
+                if let Err(e) = enforce(&container, bundle, policy, audit) {
+                    discard(ctx, id, &container);
+                    return Err(e);
+                }
             }
             let record = Record {
                 isolation: Isolation::Container,
@@ -127,6 +136,32 @@ fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> 
     if let Some((rows, cols)) = console::wanted(bundle.spec.process().as_ref())? {
         console::apply_to_init(pid, rows, cols)?;
     }
+    Ok(())
+}
+
+/// Puts the created container behind its egress policy's router, before
+/// its workload can send a packet.
+fn enforce(
+    container: &Container,
+    bundle: &Bundle,
+    policy: &crate::egress::Policy,
+    audit: &std::path::Path,
+) -> Result<(), ContainerError> {
+    let pid = container
+        .pid()
+        .ok_or_else(|| {
+            ContainerError::Libcontainer("the created container has no init pid".into())
+        })?
+        .as_raw();
+    super::egress::enforce(
+        &container.root,
+        container.id(),
+        pid,
+        &bundle.spec,
+        &bundle.rootfs,
+        policy,
+        audit,
+    )?;
     Ok(())
 }
 

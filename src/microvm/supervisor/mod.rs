@@ -195,22 +195,13 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         super::net::resolv_conf(&spec, &state.rootfs).as_deref(),
         dns_mode,
         !egress.is_allow(),
+        super::net::Sandbox::Taps,
     )?;
     for w in &plumbed.warnings {
         tracing::warn!("container {}: {w}", state.id);
     }
     // Before the guest exists, so its first packet meets them.
-    let sources: Vec<crate::egress::Source> = plumbed
-        .guest
-        .interfaces
-        .iter()
-        .enumerate()
-        .map(|(i, iface)| crate::egress::Source {
-            side: format!("{}{i}", super::net::TAP_PREFIX),
-            mac: iface.mac.clone(),
-            addrs: iface.addresses.iter().map(|a| a.addr).collect(),
-        })
-        .collect();
+    let sources = plumbed.sources(super::net::Sandbox::Taps);
     if let Some(rules) = crate::egress::ruleset(
         &egress,
         super::net::TAP_PREFIX,
@@ -235,6 +226,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
                 dns,
                 proxy,
                 dir,
+                super::net::DaemonLife::WithParent,
             )?)
         }
         None => None,

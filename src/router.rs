@@ -1,28 +1,31 @@
-//! The microVM on the container's network. The supervisor runs in the
-//! container's network namespace; after the OCI hooks ran (so Docker's or
-//! CNI's veth is there) it reads the namespace's interfaces and gives the
-//! guest one virtio NIC per interface, backed by a tap in the namespace.
+//! The container's network namespace as the sandbox's router. Docker or
+//! CNI fill the namespace with a veth; the sandbox — a microVM, or in the
+//! container tier with an egress policy the workload's own namespace —
+//! sits behind it on an interface of its own per veth: a tap that the VMM
+//! serves ([`Sandbox::Taps`]) or a veth pair whose other end is in the
+//! workload's namespace ([`Sandbox::Veths`]).
 //!
 //! Packets are *routed* through the namespace's own IP stack, never bridged
 //! or redirected around it, so whatever the namespace enforces (the egress
-//! policy's rules) sees every packet of the guest:
-//! - the guest owns the interface's addresses and MAC: the namespace keeps
-//!   the address on its veth (its source address for ARP and its own
-//!   traffic) but drops it from the local table, routes it to the tap as a
-//!   host route, and answers ARP for it on the veth (a proxy neighbour);
-//! - on the tap, the namespace answers ARP for every other address (proxy
-//!   ARP), so the guest keeps the routes `docker inspect` shows; strict
-//!   reverse-path filtering drops whatever the guest sends from an address
-//!   that is not its own.
+//! policy's rules) sees every packet of the sandbox:
+//! - the sandbox owns the interface's addresses and MAC: the namespace
+//!   keeps the address on its veth (its source address for ARP and its own
+//!   traffic) but drops it from the local table, routes it to the sandbox's
+//!   interface as a host route, and answers ARP for it on the veth (a proxy
+//!   neighbour);
+//! - on the sandbox's interface, the namespace answers ARP for every other
+//!   address (proxy ARP), so the sandbox keeps the routes `docker inspect`
+//!   shows; strict reverse-path filtering drops whatever the sandbox sends
+//!   from an address that is not its own.
 //! - a resolver on a loopback address of the namespace (Docker's embedded
-//!   DNS at 127.0.0.11) is reached through a relay on [`DNS_RELAY`], an
-//!   address of the tap that the guest's own relay on that loopback address
-//!   forwards to.
+//!   DNS at 127.0.0.11) is reached by a microVM through a relay on
+//!   [`DNS_RELAY`], an address of the tap that the guest's own relay on that
+//!   loopback address forwards to.
 //!
-//! IPv6 addresses are not passed to the guest yet (a warning says so).
+//! IPv6 addresses are not passed to the sandbox yet (a warning says so).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -38,6 +41,29 @@ use crate::protocol::{DnsRelay, Interface, IpNet, Network, Route as GuestRoute};
 pub const DNS_RELAY: Ipv4Addr = Ipv4Addr::new(169, 254, 53, 53);
 /// Taps are named `avtap0`, `avtap1`… in the container's namespace.
 pub const TAP_PREFIX: &str = "avtap";
+/// The router's ends of the container tier's veth pairs: `avveth0`…
+pub const VETH_PREFIX: &str = "avveth";
+
+/// What the sandbox is reached through, one per interface of the namespace.
+#[derive(Debug, Clone, Copy)]
+pub enum Sandbox<'a> {
+    /// A tap each (`avtap0`…), served by a VMM.
+    Taps,
+    /// A veth pair each (`avveth0`…), whose other end is made in the
+    /// namespace open as this descriptor with the interface's name, MAC
+    /// and MTU: the container tier's workload namespace.
+    Veths(BorrowedFd<'a>),
+}
+
+impl Sandbox<'_> {
+    /// The prefix of the sandbox-side interfaces' names in the router.
+    pub fn prefix(&self) -> &'static str {
+        match self {
+            Sandbox::Taps => TAP_PREFIX,
+            Sandbox::Veths(_) => VETH_PREFIX,
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -195,6 +221,20 @@ impl Plumbed {
         crate::egress::nft::apply(ruleset).map_err(NetError::Nft)
     }
 
+    /// The sandbox's interfaces as the egress rules see them.
+    pub fn sources(&self, sandbox: Sandbox<'_>) -> Vec<crate::egress::Source> {
+        self.guest
+            .interfaces
+            .iter()
+            .enumerate()
+            .map(|(i, iface)| crate::egress::Source {
+                side: format!("{}{i}", sandbox.prefix()),
+                mac: iface.mac.clone(),
+                addrs: iface.addresses.iter().map(|a| a.addr).collect(),
+            })
+            .collect()
+    }
+
     pub fn keep(mut self) -> (Option<HostDnsRelay>, Vec<Restore>) {
         self.restore.clear();
         self.nft = false;
@@ -231,13 +271,19 @@ impl Drop for Plumbed {
     }
 }
 
-/// Reads the namespace the calling thread is in and plumbs a NIC for the
-/// guest per interface. `resolv_conf` is the container's resolver file.
+/// Reads the namespace the calling thread is in and plumbs an interface
+/// of the `sandbox`'s per interface. `resolv_conf` is the container's
+/// resolver file.
 ///
 /// `dns` says how the guest resolves names (see [`DnsMode`]); with
 /// `egress` (a policy other than `allow`) the namespace also gets the
 /// egress proxy's listener on the service address.
-pub fn plumb(resolv_conf: Option<&str>, dns: DnsMode, egress: bool) -> Result<Plumbed, NetError> {
+pub fn plumb(
+    resolv_conf: Option<&str>,
+    dns: DnsMode,
+    egress: bool,
+    sandbox: Sandbox<'_>,
+) -> Result<Plumbed, NetError> {
     let mut nl = Netlink::open()?;
     let links = nl.links()?;
     let addrs = nl.addresses()?;
@@ -245,7 +291,7 @@ pub fn plumb(resolv_conf: Option<&str>, dns: DnsMode, egress: bool) -> Result<Pl
     let mut out = Plumbed::default();
     let candidates: Vec<&Link> = links
         .iter()
-        .filter(|l| !l.loopback && !l.name.starts_with(TAP_PREFIX))
+        .filter(|l| !l.loopback && !l.name.starts_with(sandbox.prefix()))
         .collect();
     for link in candidates {
         let v4: Vec<_> = addrs
@@ -276,8 +322,14 @@ pub fn plumb(resolv_conf: Option<&str>, dns: DnsMode, egress: bool) -> Result<Pl
             ));
             continue;
         }
-        let tap_name = format!("{TAP_PREFIX}{}", out.nics.len());
-        let tap = open_tap(&tap_name)?;
+        let tap_name = format!("{}{}", sandbox.prefix(), out.guest.interfaces.len());
+        let tap = match sandbox {
+            Sandbox::Taps => Some(open_tap(&tap_name)?),
+            Sandbox::Veths(netns) => {
+                nl.add_veth(&tap_name, &link.name, mac, link.mtu, netns.as_raw_fd())?;
+                None
+            }
+        };
         let tap_index = nl
             .links()?
             .into_iter()
@@ -377,10 +429,12 @@ pub fn plumb(resolv_conf: Option<&str>, dns: DnsMode, egress: bool) -> Result<Pl
                 .collect(),
             routes: guest_routes,
         });
-        out.nics.push(Nic {
-            tap: Arc::new(tap),
-            mac,
-        });
+        if let Some(tap) = tap {
+            out.nics.push(Nic {
+                tap: Arc::new(tap),
+                mac,
+            });
+        }
     }
 
     let servers = resolv_conf.map(nameservers).unwrap_or_default();
@@ -410,7 +464,7 @@ pub fn plumb(resolv_conf: Option<&str>, dns: DnsMode, egress: bool) -> Result<Pl
     let tap_index = nl
         .links()?
         .into_iter()
-        .find(|l| l.name == format!("{TAP_PREFIX}0"))
+        .find(|l| l.name == format!("{}0", sandbox.prefix()))
         .map(|l| l.index)
         .unwrap_or(0);
     nl.add_address(tap_index, IpAddr::V4(DNS_RELAY), 32)?;
@@ -469,9 +523,19 @@ fn iface_dns(guest: &mut Network, loopback: &[IpAddr]) {
     });
 }
 
+/// How long the egress daemon lives.
+#[derive(Debug, Clone, Copy)]
+pub enum DaemonLife<'a> {
+    /// Until its parent (the microVM's supervisor) dies.
+    WithParent,
+    /// Detached, in a session of its own, until the process this pidfd
+    /// refers to (the container tier's init) exits.
+    While(BorrowedFd<'a>),
+}
+
 /// Starts `agentvm egress-daemon` for `policy` in this namespace, with the
-/// resolver's socket (names in the policy) and the proxy's listener; it
-/// dies with the supervisor. Its log is `egress.log` in `run_dir`.
+/// resolver's socket (names in the policy) and the proxy's listener, for
+/// as long as `life` says. Its log is `egress.log` in `run_dir`.
 pub fn spawn_egress_daemon(
     policy: &str,
     id: &str,
@@ -479,8 +543,9 @@ pub fn spawn_egress_daemon(
     dns: Option<HostDnsRelay>,
     proxy: std::net::TcpListener,
     run_dir: &Path,
+    life: DaemonLife<'_>,
 ) -> Result<std::process::Child, NetError> {
-    use crate::egress::daemon::{DNS_FD, PROXY_FD};
+    use crate::egress::daemon::{DNS_FD, PROXY_FD, WATCH_FD};
     use std::os::unix::process::CommandExt;
     let exe = std::fs::read_link("/proc/self/exe").map_err(io("find the agentvm binary"))?;
     let mut cmd = std::process::Command::new(exe);
@@ -499,6 +564,13 @@ pub fn spawn_egress_daemon(
     if dns.is_some() {
         cmd.arg("--dns");
     }
+    let watch_fd = match life {
+        DaemonLife::WithParent => None,
+        DaemonLife::While(pidfd) => {
+            cmd.arg("--watch");
+            Some(pidfd.as_raw_fd())
+        }
+    };
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -509,28 +581,43 @@ pub fn spawn_egress_daemon(
         .stderr(log);
     let dns_fd = dns.as_ref().map(|d| d.listener.as_raw_fd());
     let proxy_fd = proxy.as_raw_fd();
-    // SAFETY: between fork and exec only dup2, which is async-signal-safe;
-    // both sockets stay open until spawn returns (this function owns them).
+    // SAFETY: between fork and exec only fcntl, dup2 and setsid, which are
+    // async-signal-safe; the descriptors stay open until spawn returns
+    // (this function owns or borrows them).
     unsafe {
         cmd.pre_exec(move || {
-            // The proxy first: its descriptor may be DNS_FD itself.
-            let moved = libc::fcntl(proxy_fd, libc::F_DUPFD_CLOEXEC, PROXY_FD + 1);
-            if moved < 0 {
-                return Err(std::io::Error::last_os_error());
+            // Each source first above the targets (a source may be a
+            // target's number), then into place.
+            let wanted = [
+                (Some(proxy_fd), PROXY_FD),
+                (dns_fd, DNS_FD),
+                (watch_fd, WATCH_FD),
+            ];
+            let mut moved = [(-1, 0); 3];
+            for (slot, (from, to)) in moved.iter_mut().zip(wanted) {
+                if let Some(fd) = from {
+                    let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, WATCH_FD + 1);
+                    if high < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    *slot = (high, to);
+                }
             }
-            if let Some(fd) = dns_fd {
-                if libc::dup2(fd, DNS_FD) < 0 {
+            for (high, to) in moved {
+                if high >= 0 && libc::dup2(high, to) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            if libc::dup2(moved, PROXY_FD) < 0 {
+            if watch_fd.is_some() && libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
-    super::vmm::die_with_parent(&mut cmd);
-    super::vmm::inherit_below(&mut cmd, PROXY_FD as u32 + 1);
+    if watch_fd.is_none() {
+        crate::microvm::vmm::die_with_parent(&mut cmd);
+    }
+    crate::microvm::vmm::inherit_below(&mut cmd, WATCH_FD as u32 + 1);
     let child = cmd.spawn().map_err(io("start the egress daemon"));
     drop((dns, proxy));
     child
