@@ -533,94 +533,108 @@ pub enum DaemonLife<'a> {
     While(BorrowedFd<'a>),
 }
 
-/// Starts `agentvm egress-daemon` for `policy` in this namespace, with the
-/// resolver's socket (names in the policy) and the proxy's listener, for
-/// as long as `life` says. Its log is `egress.log` in `run_dir`.
-pub fn spawn_egress_daemon(
-    policy: &str,
-    id: &str,
-    audit: &Path,
-    dns: Option<HostDnsRelay>,
-    proxy: std::net::TcpListener,
-    run_dir: &Path,
-    life: DaemonLife<'_>,
-) -> Result<std::process::Child, NetError> {
-    use crate::egress::daemon::{DNS_FD, PROXY_FD, WATCH_FD};
-    use std::os::unix::process::CommandExt;
-    let exe = std::fs::read_link("/proc/self/exe").map_err(io("find the agentvm binary"))?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("egress-daemon")
-        .arg("--policy")
-        .arg(policy)
-        .arg("--id")
-        .arg(id)
-        .arg("--audit")
-        .arg(audit)
-        .arg("--own")
-        .arg(DNS_RELAY.to_string());
-    if let Some(up) = dns.as_ref().and_then(|d| d.upstream) {
-        cmd.arg("--upstream").arg(up.to_string());
-    }
-    if dns.is_some() {
-        cmd.arg("--dns");
-    }
-    let watch_fd = match life {
-        DaemonLife::WithParent => None,
-        DaemonLife::While(pidfd) => {
-            cmd.arg("--watch");
-            Some(pidfd.as_raw_fd())
+/// `agentvm egress-daemon` for one sandbox, in the calling thread's
+/// namespace, with the sockets it serves on, bound already.
+pub struct EgressDaemon<'a> {
+    pub policy: &'a str,
+    pub id: &'a str,
+    pub audit: &'a Path,
+    /// The resolver's socket (names in the policy) and its upstream.
+    pub dns: Option<HostDnsRelay>,
+    pub proxy: std::net::TcpListener,
+    /// Where `egress.log` goes.
+    pub run_dir: &'a Path,
+    pub life: DaemonLife<'a>,
+    /// The container tier's second resolver socket, in the workload's
+    /// namespace, and [`crate::egress::daemon::POOL_SIZE`] sockets there
+    /// connected to the resolver on its loopback.
+    pub workload_dns: Option<(UdpSocket, Vec<UdpSocket>)>,
+}
+
+impl EgressDaemon<'_> {
+    /// Starts it; its log is `egress.log` in `run_dir`.
+    pub fn spawn(self) -> Result<std::process::Child, NetError> {
+        use crate::egress::daemon::{
+            DNS_FD, FIRST_UNUSED_FD, POOL_SIZE, PROXY_FD, WATCH_FD, WORKLOAD_DNS_FD,
+        };
+        use std::os::unix::process::CommandExt;
+        let exe = std::fs::read_link("/proc/self/exe").map_err(io("find the agentvm binary"))?;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("egress-daemon")
+            .arg("--policy")
+            .arg(self.policy)
+            .arg("--id")
+            .arg(self.id)
+            .arg("--audit")
+            .arg(self.audit)
+            .arg("--own")
+            .arg(DNS_RELAY.to_string());
+        if let Some(up) = self.dns.as_ref().and_then(|d| d.upstream) {
+            cmd.arg("--upstream").arg(up.to_string());
         }
-    };
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(run_dir.join("egress.log"))
-        .map_err(io("open egress.log"))?;
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log);
-    let dns_fd = dns.as_ref().map(|d| d.listener.as_raw_fd());
-    let proxy_fd = proxy.as_raw_fd();
-    // SAFETY: between fork and exec only fcntl, dup2 and setsid, which are
-    // async-signal-safe; the descriptors stay open until spawn returns
-    // (this function owns or borrows them).
-    unsafe {
-        cmd.pre_exec(move || {
-            // Each source first above the targets (a source may be a
-            // target's number), then into place.
-            let wanted = [
-                (Some(proxy_fd), PROXY_FD),
-                (dns_fd, DNS_FD),
-                (watch_fd, WATCH_FD),
-            ];
-            let mut moved = [(-1, 0); 3];
-            for (slot, (from, to)) in moved.iter_mut().zip(wanted) {
-                if let Some(fd) = from {
-                    let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, WATCH_FD + 1);
-                    if high < 0 {
+        // (source descriptor, its number in the daemon)
+        let mut fds = vec![(self.proxy.as_raw_fd(), PROXY_FD)];
+        if let Some(d) = &self.dns {
+            cmd.arg("--dns");
+            fds.push((d.listener.as_raw_fd(), DNS_FD));
+        }
+        if let DaemonLife::While(pidfd) = self.life {
+            cmd.arg("--watch");
+            fds.push((pidfd.as_raw_fd(), WATCH_FD));
+        }
+        if let Some((listener, pool)) = &self.workload_dns {
+            if pool.len() != POOL_SIZE as usize {
+                return Err(io("pass the workload's resolver sockets")(
+                    std::io::Error::from(std::io::ErrorKind::InvalidInput),
+                ));
+            }
+            cmd.arg("--workload-dns");
+            fds.push((listener.as_raw_fd(), WORKLOAD_DNS_FD));
+            for (i, s) in pool.iter().enumerate() {
+                fds.push((s.as_raw_fd(), WORKLOAD_DNS_FD + 1 + i as i32));
+            }
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.run_dir.join("egress.log"))
+            .map_err(io("open egress.log"))?;
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log);
+        let detach = matches!(self.life, DaemonLife::While(_));
+        let mut high = vec![-1; fds.len()];
+        // SAFETY: between fork and exec only fcntl, dup2 and setsid, which
+        // are async-signal-safe, and writes into `high`, allocated before
+        // the fork; the descriptors stay open until spawn returns (`self`
+        // owns or borrows them).
+        unsafe {
+            cmd.pre_exec(move || {
+                // Each source first above every target (a source may have
+                // a target's number), then into place.
+                for (slot, (from, _)) in high.iter_mut().zip(&fds) {
+                    *slot = libc::fcntl(*from, libc::F_DUPFD_CLOEXEC, FIRST_UNUSED_FD);
+                    if *slot < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    *slot = (high, to);
                 }
-            }
-            for (high, to) in moved {
-                if high >= 0 && libc::dup2(high, to) < 0 {
+                for (h, (_, to)) in high.iter().zip(&fds) {
+                    if libc::dup2(*h, *to) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if detach && libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-            }
-            if watch_fd.is_some() && libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+                Ok(())
+            });
+        }
+        if !detach {
+            crate::microvm::vmm::die_with_parent(&mut cmd);
+        }
+        crate::microvm::vmm::inherit_below(&mut cmd, FIRST_UNUSED_FD as u32);
+        cmd.spawn().map_err(io("start the egress daemon"))
     }
-    if watch_fd.is_none() {
-        crate::microvm::vmm::die_with_parent(&mut cmd);
-    }
-    crate::microvm::vmm::inherit_below(&mut cmd, WATCH_FD as u32 + 1);
-    let child = cmd.spawn().map_err(io("start the egress daemon"));
-    drop((dns, proxy));
-    child
 }
 
 /// The `nameserver` addresses of a resolv.conf.

@@ -299,16 +299,34 @@ fn network_host_is_refused_by_the_microvm_tier() {
     );
 }
 
+/// The policy runtimes of each tier that can run here: (the tier's plain
+/// runtime, its runtime with `suffix` — `offline`, `only-web`).
+fn policy_runtimes(suffix: &str) -> Vec<(Docker, Docker)> {
+    let mut out = vec![(
+        docker_with(Runtime::AgentvmContainer).expect("docker"),
+        Docker {
+            runtime: Runtime::Peer(format!("agentvm-container-{suffix}")),
+        },
+    )];
+    match common::guest::unavailable() {
+        Some(why) => eprintln!("skipped: microvm: {why}"),
+        None => out.push((
+            docker_with(Runtime::AgentvmDefault).expect("docker"),
+            Docker {
+                runtime: Runtime::Peer(format!("agentvm-{suffix}")),
+            },
+        )),
+    }
+    out
+}
+
 /// `--egress deny` through Docker's `runtimeArgs` (an `agentvm-offline`
-/// runtime): nothing leaves the sandbox, while its published port still
-/// serves (replies to connections from outside pass).
+/// runtime, `agentvm-container-offline` in the container tier): nothing
+/// leaves the sandbox, while its published port still serves (replies to
+/// connections from outside pass).
 #[test]
 fn an_offline_runtime_serves_its_port_but_reaches_nothing() {
     let base = require!(docker());
-    if let Some(why) = common::guest::unavailable() {
-        eprintln!("skipped: {why}");
-        return;
-    }
     let gateway = base.bridge_gateway();
     let listener = TcpListener::bind((gateway.as_str(), 0)).expect("listen on the bridge");
     let port = listener.local_addr().expect("addr").port();
@@ -320,44 +338,40 @@ fn an_offline_runtime_serves_its_port_but_reaches_nothing() {
         }
     });
     let url = format!("http://{gateway}:{port}/");
-    let online = docker_with(Runtime::AgentvmDefault).expect("docker");
-    let out = online.run_rm(&[], &["wget", "-q", "-O", "-", &url]).ok();
-    assert_eq!(out.out(), "from-the-host");
+    for (online, offline) in policy_runtimes("offline") {
+        eprintln!("-- {}", offline.runtime.docker_name());
+        let out = online.run_rm(&[], &["wget", "-q", "-O", "-", &url]).ok();
+        assert_eq!(out.out(), "from-the-host");
 
-    let offline = Docker {
-        runtime: Runtime::Peer("agentvm-offline".into()),
-    };
-    let out = offline.run_rm(&[], &["wget", "-q", "-O", "-", &url]);
-    assert!(
-        !out.success(),
-        "the offline sandbox reached the host: {out}"
-    );
+        let out = offline.run_rm(&[], &["wget", "-q", "-O", "-", &url]);
+        assert!(
+            !out.success(),
+            "the offline sandbox reached the host: {out}"
+        );
 
-    let c = offline.start("offline", &["-p", "127.0.0.1::80"], &["sh", "-c", HTTPD]);
-    c.wait_for_log("serving");
-    let hport = c.inspect("{{(index (index .NetworkSettings.Ports \"80/tcp\") 0).HostPort}}");
-    let addr = format!("127.0.0.1:{hport}");
-    let body = wait_for(30, || {
-        http_get(&addr, "/index.html")
-            .ok()
-            .filter(|b| !b.is_empty())
-    });
-    assert_eq!(
-        body.as_deref().map(String::from_utf8_lossy).as_deref(),
-        Some("hello-from-the-container\n"),
-        "the published port of an offline sandbox serves"
-    );
+        let c = offline.start("offline", &["-p", "127.0.0.1::80"], &["sh", "-c", HTTPD]);
+        c.wait_for_log("serving");
+        let hport = c.inspect("{{(index (index .NetworkSettings.Ports \"80/tcp\") 0).HostPort}}");
+        let addr = format!("127.0.0.1:{hport}");
+        let body = wait_for(30, || {
+            http_get(&addr, "/index.html")
+                .ok()
+                .filter(|b| !b.is_empty())
+        });
+        assert_eq!(
+            body.as_deref().map(String::from_utf8_lossy).as_deref(),
+            Some("hello-from-the-container\n"),
+            "the published port of an offline sandbox serves"
+        );
+    }
 }
 
 /// A policy naming a container by its network alias: the sandbox resolves
-/// and reaches it through Docker's embedded DNS, and nothing else by name.
+/// and reaches it through Docker's embedded DNS, and nothing else by name,
+/// in both tiers.
 #[test]
 fn a_policy_by_name_reaches_only_that_container() {
     let base = require!(docker());
-    if let Some(why) = common::guest::unavailable() {
-        eprintln!("skipped: {why}");
-        return;
-    }
     let net = Network::create(base, "egress-names", &[]);
     let runc = docker_with(Runtime::Peer("runc".into())).expect("docker");
     let web = runc.start(
@@ -372,29 +386,29 @@ fn a_policy_by_name_reaches_only_that_container() {
         &["sh", "-c", HTTPD],
     );
     other.wait_for_log("serving");
-    let sandbox = Docker {
-        runtime: Runtime::Peer("agentvm-only-web".into()),
-    };
-    let out = sandbox
-        .run_rm(
-            &["--network", &net.name],
-            &[
-                "sh",
-                "-c",
-                "wget -q -O - http://web/index.html; \
-                 wget -q -O - http://other/index.html && echo other-reached || echo other-refused; \
-                 nslookup -type=a other 127.0.0.11 >/dev/null 2>&1 && echo other-resolved || echo other-unresolved",
+    for (_, sandbox) in policy_runtimes("only-web") {
+        eprintln!("-- {}", sandbox.runtime.docker_name());
+        let out = sandbox
+            .run_rm(
+                &["--network", &net.name],
+                &[
+                    "sh",
+                    "-c",
+                    "wget -q -O - http://web/index.html; \
+                     wget -q -O - http://other/index.html && echo other-reached || echo other-refused; \
+                     nslookup -type=a other 127.0.0.11 >/dev/null 2>&1 && echo other-resolved || echo other-unresolved",
+                ],
+            )
+            .ok();
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        assert_eq!(
+            lines,
+            vec![
+                "hello-from-the-container",
+                "other-refused",
+                "other-unresolved"
             ],
-        )
-        .ok();
-    let lines: Vec<&str> = out.stdout.lines().collect();
-    assert_eq!(
-        lines,
-        vec![
-            "hello-from-the-container",
-            "other-refused",
-            "other-unresolved"
-        ],
-        "{out}"
-    );
+            "{out}"
+        );
+    }
 }

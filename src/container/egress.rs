@@ -294,6 +294,23 @@ fn route(
         .map(|t| router::nameservers(&t))
         .unwrap_or_default();
     let pidfd = pidfd_open(pid)?;
+    // Docker's embedded DNS, on the workload's loopback: a resolver of
+    // the policy's beside it answers the workload.
+    let loopback = resolv.iter().find_map(|ip| match ip {
+        IpAddr::V4(v4) if v4.is_loopback() => Some(*v4),
+        _ => None,
+    });
+    let (workload_dns, workload_dns_port) = match loopback.filter(|_| policy.has_names()) {
+        Some(resolver) => {
+            let (listener, pool) = in_ns(workload, || workload_sockets(resolver))?;
+            let port = listener
+                .local_addr()
+                .map_err(io("read the resolver's port"))?
+                .port();
+            (Some((listener, pool)), Some((resolver, port)))
+        }
+        None => (None, None),
+    };
     let (guest, daemon) = in_ns(&router, || {
         let mut nl = Netlink::open()?;
         let links = nl.links()?;
@@ -335,15 +352,17 @@ fn route(
             .proxy
             .take()
             .ok_or_else(|| EgressError::Lost("the router", "the proxy's listener".into()))?;
-        let daemon = router::spawn_egress_daemon(
-            &policy.to_string(),
+        let daemon = router::EgressDaemon {
+            policy: &policy.to_string(),
             id,
             audit,
             dns,
             proxy,
-            dir,
-            DaemonLife::While(pidfd.as_fd()),
-        )?;
+            run_dir: dir,
+            life: DaemonLife::While(pidfd.as_fd()),
+            workload_dns,
+        }
+        .spawn()?;
         let guest = plumbed.guest.clone();
         plumbed.keep();
         Ok((guest, daemon))
@@ -363,8 +382,43 @@ fn route(
                 .ok_or_else(|| EgressError::Lost("the container", iface.name.clone()))?;
             netlink::configure_interface(&mut nl, link, iface)?;
         }
+        if let Some((resolver, port)) = workload_dns_port {
+            crate::egress::nft::apply(&crate::egress::workload_dns_ruleset(resolver, port))
+                .map_err(router::NetError::Nft)?;
+        }
         Ok(())
     })
+}
+
+/// In the workload's namespace: the policy's resolver socket beside the
+/// one on `resolver`, and sockets connected to that one, marked to pass
+/// the redirect.
+fn workload_sockets(
+    resolver: std::net::Ipv4Addr,
+) -> Result<(UdpSocket, Vec<UdpSocket>), EgressError> {
+    let listener = UdpSocket::bind((resolver, 0)).map_err(io(format!("bind {resolver}")))?;
+    let mut pool = Vec::new();
+    for _ in 0..crate::egress::daemon::POOL_SIZE {
+        let sock = UdpSocket::bind(("0.0.0.0", 0)).map_err(io("bind a resolver socket"))?;
+        let mark = crate::egress::WORKLOAD_DNS_MARK;
+        // SAFETY: SO_MARK reads a c_uint of the given size from `mark`.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_MARK,
+                (&mark as *const u32).cast(),
+                std::mem::size_of::<u32>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io("mark a resolver socket")(std::io::Error::last_os_error()));
+        }
+        sock.connect((resolver, 53))
+            .map_err(io(format!("connect to {resolver}:53")))?;
+        pool.push(sock);
+    }
+    Ok((listener, pool))
 }
 
 /// Where the policy's resolver sends allowed names: the container's first
@@ -418,6 +472,8 @@ pub fn teardown(dir: &Path) {
 
 fn give_back(workload: &File, router: &File, moved: &[Interface]) -> Result<(), EgressError> {
     in_ns(workload, || {
+        // The resolver redirect, if any.
+        let _ = crate::egress::nft::remove();
         let mut nl = Netlink::open()?;
         for link in nl.links()? {
             if moved.iter().any(|m| m.name == link.name) {

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::proxy::{Proxy, Resolved};
-use super::resolver::{AddElements, Shared};
+use super::resolver::{AddElements, Shared, SocketPool, Upstream};
 use super::trail::Trail;
 use super::{Policy, PolicyError};
 
@@ -31,6 +31,13 @@ pub const DNS_FD: i32 = 3;
 pub const PROXY_FD: i32 = 4;
 /// A pidfd of the process whose life the daemon's is (`--watch`).
 pub const WATCH_FD: i32 = 5;
+/// The workload namespace's resolver socket (`--workload-dns`), followed
+/// by [`POOL_SIZE`] sockets connected to the resolver there.
+pub const WORKLOAD_DNS_FD: i32 = 6;
+/// Queries to the workload namespace's resolver at once.
+pub const POOL_SIZE: i32 = 8;
+/// The first descriptor the daemon does not inherit.
+pub const FIRST_UNUSED_FD: i32 = WORKLOAD_DNS_FD + 1 + POOL_SIZE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -61,6 +68,10 @@ pub struct Options {
     pub add: AddElements,
     /// The daemon ends, without an error, when this pidfd's process does.
     pub watch: Option<OwnedFd>,
+    /// A second resolver, in the container tier's workload namespace, for
+    /// the queries to a resolver on its loopback (Docker's embedded DNS),
+    /// which it reaches through the pool's sockets.
+    pub workload_dns: Option<(UdpSocket, Arc<SocketPool>)>,
 }
 
 /// Runs until a part stops (which is an error: they serve forever).
@@ -75,7 +86,10 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
     // is seen.
     let log = super::nflog::open()?;
     // Everything it opens with privilege is open: jail it.
-    super::jail::enter(rules.iter().any(super::resolver::has_sets))?;
+    super::jail::enter(
+        rules.iter().any(super::resolver::has_sets),
+        opts.watch.is_none(),
+    )?;
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Option<DaemonError>>();
     if let Some(pidfd) = opts.watch {
         let done = done_tx.clone();
@@ -99,16 +113,22 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
             })
             .map_err(DaemonError::Thread)?;
     }
-    if let Some(dns) = opts.dns {
+    let resolvers = [
+        opts.dns
+            .map(|d| (d, opts.upstream.map(Upstream::At), "egress-dns")),
+        opts.workload_dns
+            .map(|(d, pool)| (d, Some(Upstream::Pool(pool)), "egress-dns-in")),
+    ];
+    for (dns, upstream, name) in resolvers.into_iter().flatten() {
         let shared = Shared {
             rules: rules.clone(),
             resolved: resolved.clone(),
             trail: trail.clone(),
             add: opts.add.clone(),
         };
-        let (upstream, done) = (opts.upstream, done_tx.clone());
+        let done = done_tx.clone();
         std::thread::Builder::new()
-            .name("egress-dns".into())
+            .name(name.into())
             .spawn(move || {
                 if let Err(e) = super::resolver::serve(shared, dns, upstream) {
                     let _ = done.send(Some(e.into()));

@@ -219,15 +219,19 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
                 super::net::DnsMode::Resolver => plumbed.dns.take(),
                 _ => None,
             };
-            Some(super::net::spawn_egress_daemon(
-                &state.egress,
-                &state.id,
-                &args.config.audit.path(),
-                dns,
-                proxy,
-                dir,
-                super::net::DaemonLife::WithParent,
-            )?)
+            Some(
+                super::net::EgressDaemon {
+                    policy: &state.egress,
+                    id: &state.id,
+                    audit: &args.config.audit.path(),
+                    dns,
+                    proxy,
+                    run_dir: dir,
+                    life: super::net::DaemonLife::WithParent,
+                    workload_dns: None,
+                }
+                .spawn()?,
+            )
         }
         None => None,
     };

@@ -1,16 +1,21 @@
-//! The microVM's NIC in a network namespace that outlives the container, as
-//! CNI plugins and `ip netns` leave it: the test builds one (a veth pair
+//! A sandbox's network in a namespace that outlives the container, as CNI
+//! plugins and `ip netns` leave it: the test builds one (a veth pair
 //! between a "host" namespace and the container's, both its own, on a
 //! private /24) and runs containers in it with agentvm's command line.
 //!
-//! It checks what the guest gets and what it can do, then attacks the
-//! plumbing from inside the guest as root with CAP_NET_ADMIN and CAP_NET_RAW:
-//! another source address, another MAC, a second address taken from the
-//! subnet. Each attempt must stay cut off from the peer. Afterwards the
-//! namespace is as it was before the container: the address is local again,
-//! no proxy entry, no tap.
+//! It checks what a microVM gets and what it can do, then attacks the
+//! plumbing from inside the sandbox as root with CAP_NET_ADMIN and
+//! CAP_NET_RAW: another source address, another MAC, a second address
+//! taken from the subnet. Each attempt must stay cut off from the peer.
+//! The egress policy is attacked the same way in both tiers: the container
+//! tier's workload sits behind a router namespace of agentvm's, the
+//! microVM behind its tap, and each attempt around the rules, the resolver
+//! or the proxy fails and is audited. Afterwards the namespace is as it
+//! was before the container: the address is local again, the interfaces
+//! are Docker's or CNI's again, no proxy entry, no tap, no rules.
 //!
-//! Needs root, `ip` and what the microvm tier needs; else `skipped: <why>`.
+//! Needs root, `ip`, `nft` and, for the microVM column, what the microvm
+//! tier needs; a tier that cannot run says `skipped: <why>`.
 
 use agentvm_test_support as common;
 use common::require;
@@ -235,43 +240,47 @@ fn the_guest_cannot_use_another_address_or_mac() {
     );
     assert_nothing_left(&f, "mvn-spoof");
 
-    // Under a policy each attempt that sends an IP packet is also dropped
-    // before routing, and is in the audit trail with the source it
-    // claimed.
-    let echoes_before = peer_echoes(&ns);
-    let id = "mvn-spoof-policy";
-    let out = f.agentvm(&[
-        "--egress",
-        "10.231.0.0/24",
-        "run",
-        "--bundle",
-        &bundle_arg(&f),
-        id,
-    ]);
-    assert_eq!(out.code, 0, "{out}");
-    assert_eq!(
-        peer_echoes(&ns) - echoes_before,
-        0,
-        "ICMP is not in the policy"
-    );
-    let audit = audit_of(&f, id);
-    let spoofed = |src: &str| {
-        audit.iter().any(|r| {
-            r["verdict"] == "denied"
-                && r["reason"]
-                    .as_str()
-                    .is_some_and(|why| why.starts_with(&format!("source {src} ")))
-        })
-    };
-    let shown = serde_json::to_string_pretty(&audit).unwrap_or_default();
-    assert!(spoofed("10.231.0.77"), "a second address: {shown}");
-    // (A changed address gets no further than ARP: the namespace does not
-    // answer for a sender that is not routed to the tap.)
-    assert!(
-        spoofed("10.231.0.2"),
-        "its own address from another MAC: {shown}"
-    );
-    assert_nothing_left(&f, id);
+    // Under a policy, in either tier, each attempt that sends an IP packet
+    // is also dropped before routing, and is in the audit trail with the
+    // source it claimed.
+    drop(f);
+    each_tier(|tier, f| {
+        write_script(f, &ns, script);
+        let echoes_before = peer_echoes(&ns);
+        let id = &format!("{tier}-spoof-policy");
+        let out = f.agentvm(&[
+            "--egress",
+            "10.231.0.0/24",
+            "run",
+            "--bundle",
+            &bundle_arg(f),
+            id,
+        ]);
+        assert_eq!(out.code, 0, "{out}");
+        assert_eq!(
+            peer_echoes(&ns) - echoes_before,
+            0,
+            "ICMP is not in the policy"
+        );
+        let audit = audit_of(f, id);
+        let spoofed = |src: &str| {
+            audit.iter().any(|r| {
+                r["verdict"] == "denied"
+                    && r["reason"]
+                        .as_str()
+                        .is_some_and(|why| why.starts_with(&format!("source {src} ")))
+            })
+        };
+        let shown = serde_json::to_string_pretty(&audit).unwrap_or_default();
+        assert!(spoofed("10.231.0.77"), "a second address: {shown}");
+        // (A changed address gets no further than ARP: the namespace does not
+        // answer for a sender that is not routed to the tap.)
+        assert!(
+            spoofed("10.231.0.2"),
+            "its own address from another MAC: {shown}"
+        );
+        assert_nothing_left(f, id);
+    });
 }
 
 /// What the guest reaches under `policy`: `port:ok|refused` for each
@@ -442,56 +451,57 @@ fn allowed_names_resolve_and_connect_and_nothing_else_does() {
     if common::bundle::skip_unless_root() {
         return;
     }
-    let f = require!(microvm_in());
-    let ns = Netns::new("names");
-    let _dns = require!(PeerDns::start(&ns, &["allowed.test", "denied.test"]));
-    let _a = PeerServer::start(&ns, 8000, "a");
-    let _b = PeerServer::start(&ns, 8001, "b");
-    let before = ns.snapshot();
-    let resolv = f.dir.path().join("resolv.conf");
-    std::fs::write(&resolv, format!("nameserver {PEER}\n")).expect("resolv.conf");
-    write_script(
-        &f,
-        &ns,
-        "t() { wget -q -O /dev/null \"$2\" && echo \"$1 ok\" || echo \"$1 refused\"; }; \
-         t name http://allowed.test:8000/; \
-         t other-port http://allowed.test:8001/; \
-         t denied-name http://denied.test:8000/; \
-         nslookup -type=a denied.test 10.231.0.1 >/dev/null 2>&1 && echo 'other-resolver ok' || echo 'other-resolver refused'; \
-         nslookup -type=a allowed.test 10.231.0.1 >/dev/null 2>&1 && echo 'allowed-lookup ok' || echo 'allowed-lookup refused'",
-    );
-    // The container's resolver, as Docker and Podman bind-mount it.
-    let text = std::fs::read_to_string(f.bundle().join("config.json")).expect("config");
-    let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
-    config["mounts"]
-        .as_array_mut()
-        .expect("mounts")
-        .push(serde_json::json!({
-            "destination": "/etc/resolv.conf", "type": "bind",
-            "source": resolv, "options": ["rbind", "ro"]
-        }));
-    std::fs::write(
-        f.bundle().join("config.json"),
-        serde_json::to_vec_pretty(&config).expect("json"),
-    )
-    .expect("write config");
-    let out = f.agentvm(&[
-        "--egress",
-        "allowed.test:8000",
-        "run",
-        "--bundle",
-        &bundle_arg(&f),
-        "mvn-names",
-    ]);
-    assert_eq!(out.code, 0, "{out}");
-    let said = |what: &str| said(&out, what);
-    assert_eq!(said("name"), "ok", "{out}");
-    assert_eq!(said("other-port"), "refused", "{out}");
-    assert_eq!(said("denied-name"), "refused", "{out}");
-    assert_eq!(said("other-resolver"), "refused", "{out}");
-    assert_eq!(said("allowed-lookup"), "ok", "{out}");
-    assert_nothing_left(&f, "mvn-names");
-    assert_eq!(ns.snapshot(), before, "rules, routes and marks are gone");
+    each_tier(|tier, f| {
+        let ns = Netns::new(&format!("{tier}names"));
+        let _dns = require!(PeerDns::start(&ns, &["allowed.test", "denied.test"]));
+        let _a = PeerServer::start(&ns, 8000, "a");
+        let _b = PeerServer::start(&ns, 8001, "b");
+        let before = ns.snapshot();
+        let resolv = f.dir.path().join("resolv.conf");
+        std::fs::write(&resolv, format!("nameserver {PEER}\n")).expect("resolv.conf");
+        write_script(
+            f,
+            &ns,
+            "t() { wget -q -O /dev/null \"$2\" && echo \"$1 ok\" || echo \"$1 refused\"; }; \
+             t name http://allowed.test:8000/; \
+             t other-port http://allowed.test:8001/; \
+             t denied-name http://denied.test:8000/; \
+             nslookup -type=a denied.test 10.231.0.1 >/dev/null 2>&1 && echo 'other-resolver ok' || echo 'other-resolver refused'; \
+             nslookup -type=a allowed.test 10.231.0.1 >/dev/null 2>&1 && echo 'allowed-lookup ok' || echo 'allowed-lookup refused'",
+        );
+        // The container's resolver, as Docker and Podman bind-mount it.
+        let text = std::fs::read_to_string(f.bundle().join("config.json")).expect("config");
+        let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
+        config["mounts"]
+            .as_array_mut()
+            .expect("mounts")
+            .push(serde_json::json!({
+                "destination": "/etc/resolv.conf", "type": "bind",
+                "source": resolv, "options": ["rbind", "ro"]
+            }));
+        std::fs::write(
+            f.bundle().join("config.json"),
+            serde_json::to_vec_pretty(&config).expect("json"),
+        )
+        .expect("write config");
+        let out = f.agentvm(&[
+            "--egress",
+            "allowed.test:8000",
+            "run",
+            "--bundle",
+            &bundle_arg(f),
+            &format!("{tier}-names"),
+        ]);
+        assert_eq!(out.code, 0, "{out}");
+        let said = |what: &str| said(&out, what);
+        assert_eq!(said("name"), "ok", "{out}");
+        assert_eq!(said("other-port"), "refused", "{out}");
+        assert_eq!(said("denied-name"), "refused", "{out}");
+        assert_eq!(said("other-resolver"), "refused", "{out}");
+        assert_eq!(said("allowed-lookup"), "ok", "{out}");
+        assert_nothing_left(f, &format!("{tier}-names"));
+        assert_eq!(ns.snapshot(), before, "rules, routes and marks are gone");
+    });
 }
 
 /// The audit records of container `id`, from the fixture's audit file.
@@ -564,165 +574,166 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
     if common::bundle::skip_unless_root() {
         return;
     }
-    let f = require!(microvm_in());
-    let ns = Netns::new("forge");
-    // A second address on the peer that no allowed name resolves to.
-    ip(&[
-        "-n",
-        &ns.peer,
-        "addr",
-        "add",
-        "10.231.0.3/24",
-        "dev",
-        "veth0",
-    ]);
-    let _dns = require!(PeerDns::start(&ns, &["allowed.test", "denied.test"]));
-    let _httpd = PeerServer::start_on(&ns, "8000", "served");
-    let data = f.dir.path().join("data");
-    std::fs::create_dir_all(&data).expect("data");
-    for (file, bytes) in [
-        ("sni-allowed", tls_hello("allowed.test", 1 << 14)),
-        ("sni-denied", tls_hello("denied.test", 1 << 14)),
-        ("sni-denied-split", tls_hello("denied.test", 9)),
-        ("dns-tcp", dns_over_tcp("denied.test")),
-        (
-            "host-denied",
-            b"GET / HTTP/1.0\r\nHost: denied.test\r\n\r\n".to_vec(),
-        ),
-        (
-            "host-allowed",
-            b"GET / HTTP/1.0\r\nHost: allowed.test:8000\r\n\r\n".to_vec(),
-        ),
-        (
-            "absolute-denied",
-            b"GET http://denied.test:8000/ HTTP/1.0\r\nHost: allowed.test\r\n\r\n".to_vec(),
-        ),
-    ] {
-        std::fs::write(data.join(file), bytes).expect("write");
-    }
-    let resolv = f.dir.path().join("resolv.conf");
-    std::fs::write(&resolv, format!("nameserver {PEER}\n")).expect("resolv.conf");
-    // The peer's IPv6 link-local address, which the guest may try to
-    // reach past the IPv4-only plumbing. (The namespace's own is the
-    // guest's too: the guest has the container's MAC.)
-    let ns_ll = ip_out(&[
-        "-n", &ns.peer, "-6", "-o", "addr", "show", "dev", "veth0", "scope", "link",
-    ])
-    .split_whitespace()
-    .skip_while(|w| *w != "inet6")
-    .nth(1)
-    .and_then(|a| a.split('/').next())
-    .unwrap_or("fe80::1")
-    .to_string();
-    // `t NAME ADDR FILE`: sends FILE to ADDR:8000 (or :53); "ok" when an
-    // answer came back through the proxy.
-    write_script(
-        &f,
-        &ns,
-        &"t() { n=$(nc -w 3 $2 $4 < /data/$3 2>/dev/null | wc -c); \
-               [ \"$n\" -gt 0 ] && echo \"$1 ok\" || echo \"$1 refused\"; }; \
-         nslookup -type=a allowed.test >/dev/null 2>&1 && echo 'lookup ok' || echo 'lookup refused'; \
-         for a in 10.231.0.1 10.231.0.3; do timeout -s KILL 2 tftp -g -r x -l /dev/null $a 9999 2>/dev/null; done; \
-         t host-allowed 10.231.0.1 host-allowed 8000; \
-         t sni-allowed 10.231.0.1 sni-allowed 8000; \
-         t host-denied 10.231.0.1 host-denied 8000; \
-         t absolute-denied 10.231.0.1 absolute-denied 8000; \
-         t sni-denied 10.231.0.1 sni-denied 8000; \
-         t sni-denied-split 10.231.0.1 sni-denied-split 8000; \
-         t other-address 10.231.0.3 host-allowed 8000; \
-         t dns-over-tcp 10.231.0.1 dns-tcp 53; \
-         nslookup denied.test 10.231.0.3 >/dev/null 2>&1 && echo 'other-resolver ok' || echo 'other-resolver refused'; \
-         arping -c 2 -U -s 10.231.0.3 -I eth0 10.231.0.1 >/dev/null 2>&1; \
-         arping -c 2 -U -s 10.231.0.99 -I eth0 10.231.0.99 >/dev/null 2>&1; \
-         ping6 -c 1 -W 2 -I eth0 ff02::2 >/dev/null 2>&1 && echo 'all-routers ok' || echo 'all-routers refused'; \
-         ping6 -c 1 -W 2 -I eth0 NS_LINK_LOCAL >/dev/null 2>&1 && echo 'link-local ok' || echo 'link-local refused'; \
-         t after-arp 10.231.0.3 host-allowed 8000"
-            .replace("NS_LINK_LOCAL", &ns_ll),
-    );
-    let text = std::fs::read_to_string(f.bundle().join("config.json")).expect("config");
-    let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
-    config["mounts"].as_array_mut().expect("mounts").extend([
-        serde_json::json!({
-            "destination": "/etc/resolv.conf", "type": "bind",
-            "source": resolv, "options": ["rbind", "ro"]
-        }),
-        serde_json::json!({
-            "destination": "/data", "type": "bind",
-            "source": data, "options": ["rbind", "ro"]
-        }),
-    ]);
-    std::fs::write(
-        f.bundle().join("config.json"),
-        serde_json::to_vec_pretty(&config).expect("json"),
-    )
-    .expect("write config");
-    let id = "mvn-forge";
-    let out = f.agentvm(&[
-        "--egress",
-        "allowed.test:8000,allowed.test:9999/udp",
-        "run",
-        "--bundle",
-        &bundle_arg(&f),
-        id,
-    ]);
-    assert_eq!(out.code, 0, "{out}");
-    let said = |what: &str| said(&out, what);
-    for (what, want) in [
-        ("lookup", "ok"),
-        ("host-allowed", "ok"),
-        ("sni-allowed", "ok"),
-        ("host-denied", "refused"),
-        ("absolute-denied", "refused"),
-        ("sni-denied", "refused"),
-        ("sni-denied-split", "refused"),
-        ("other-address", "refused"),
-        ("dns-over-tcp", "refused"),
-        ("other-resolver", "refused"),
-        ("all-routers", "refused"),
-        ("link-local", "refused"),
-        ("after-arp", "refused"),
-    ] {
-        assert_eq!(
-            said(what),
-            want,
-            "{what} (peer's link-local {ns_ll}): {out}"
+    each_tier(|tier, f| {
+        let ns = Netns::new(&format!("{tier}forge"));
+        // A second address on the peer that no allowed name resolves to.
+        ip(&[
+            "-n",
+            &ns.peer,
+            "addr",
+            "add",
+            "10.231.0.3/24",
+            "dev",
+            "veth0",
+        ]);
+        let _dns = require!(PeerDns::start(&ns, &["allowed.test", "denied.test"]));
+        let _httpd = PeerServer::start_on(&ns, "8000", "served");
+        let data = f.dir.path().join("data");
+        std::fs::create_dir_all(&data).expect("data");
+        for (file, bytes) in [
+            ("sni-allowed", tls_hello("allowed.test", 1 << 14)),
+            ("sni-denied", tls_hello("denied.test", 1 << 14)),
+            ("sni-denied-split", tls_hello("denied.test", 9)),
+            ("dns-tcp", dns_over_tcp("denied.test")),
+            (
+                "host-denied",
+                b"GET / HTTP/1.0\r\nHost: denied.test\r\n\r\n".to_vec(),
+            ),
+            (
+                "host-allowed",
+                b"GET / HTTP/1.0\r\nHost: allowed.test:8000\r\n\r\n".to_vec(),
+            ),
+            (
+                "absolute-denied",
+                b"GET http://denied.test:8000/ HTTP/1.0\r\nHost: allowed.test\r\n\r\n".to_vec(),
+            ),
+        ] {
+            std::fs::write(data.join(file), bytes).expect("write");
+        }
+        let resolv = f.dir.path().join("resolv.conf");
+        std::fs::write(&resolv, format!("nameserver {PEER}\n")).expect("resolv.conf");
+        // The peer's IPv6 link-local address, which the guest may try to
+        // reach past the IPv4-only plumbing. (The namespace's own is the
+        // guest's too: the guest has the container's MAC.)
+        let ns_ll = ip_out(&[
+            "-n", &ns.peer, "-6", "-o", "addr", "show", "dev", "veth0", "scope", "link",
+        ])
+        .split_whitespace()
+        .skip_while(|w| *w != "inet6")
+        .nth(1)
+        .and_then(|a| a.split('/').next())
+        .unwrap_or("fe80::1")
+        .to_string();
+        // `t NAME ADDR FILE`: sends FILE to ADDR:8000 (or :53); "ok" when an
+        // answer came back through the proxy.
+        write_script(
+            f,
+            &ns,
+            &"t() { n=$(nc -w 3 $2 $4 < /data/$3 2>/dev/null | wc -c); \
+                   [ \"$n\" -gt 0 ] && echo \"$1 ok\" || echo \"$1 refused\"; }; \
+             nslookup -type=a allowed.test >/dev/null 2>&1 && echo 'lookup ok' || echo 'lookup refused'; \
+             for a in 10.231.0.1 10.231.0.3; do timeout -s KILL 2 tftp -g -r x -l /dev/null $a 9999 2>/dev/null; done; \
+             t host-allowed 10.231.0.1 host-allowed 8000; \
+             t sni-allowed 10.231.0.1 sni-allowed 8000; \
+             t host-denied 10.231.0.1 host-denied 8000; \
+             t absolute-denied 10.231.0.1 absolute-denied 8000; \
+             t sni-denied 10.231.0.1 sni-denied 8000; \
+             t sni-denied-split 10.231.0.1 sni-denied-split 8000; \
+             t other-address 10.231.0.3 host-allowed 8000; \
+             t dns-over-tcp 10.231.0.1 dns-tcp 53; \
+             nslookup denied.test 10.231.0.3 >/dev/null 2>&1 && echo 'other-resolver ok' || echo 'other-resolver refused'; \
+             arping -c 2 -U -s 10.231.0.3 -I eth0 10.231.0.1 >/dev/null 2>&1; \
+             arping -c 2 -U -s 10.231.0.99 -I eth0 10.231.0.99 >/dev/null 2>&1; \
+             ping6 -c 1 -W 2 -I eth0 ff02::2 >/dev/null 2>&1 && echo 'all-routers ok' || echo 'all-routers refused'; \
+             ping6 -c 1 -W 2 -I eth0 NS_LINK_LOCAL >/dev/null 2>&1 && echo 'link-local ok' || echo 'link-local refused'; \
+             t after-arp 10.231.0.3 host-allowed 8000"
+                .replace("NS_LINK_LOCAL", &ns_ll),
         );
-    }
-    // The ARP claims changed nothing outside the guest: the peer never
-    // heard of the made-up address.
-    let peer_neigh =
-        String::from_utf8_lossy(&ns.in_peer(&["ip", "neigh", "show"]).stdout).into_owned();
-    assert!(!peer_neigh.contains("10.231.0.99"), "{peer_neigh}");
-    assert_nothing_left(&f, id);
+        let text = std::fs::read_to_string(f.bundle().join("config.json")).expect("config");
+        let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
+        config["mounts"].as_array_mut().expect("mounts").extend([
+            serde_json::json!({
+                "destination": "/etc/resolv.conf", "type": "bind",
+                "source": resolv, "options": ["rbind", "ro"]
+            }),
+            serde_json::json!({
+                "destination": "/data", "type": "bind",
+                "source": data, "options": ["rbind", "ro"]
+            }),
+        ]);
+        std::fs::write(
+            f.bundle().join("config.json"),
+            serde_json::to_vec_pretty(&config).expect("json"),
+        )
+        .expect("write config");
+        let id = &format!("{tier}-forge");
+        let out = f.agentvm(&[
+            "--egress",
+            "allowed.test:8000,allowed.test:9999/udp",
+            "run",
+            "--bundle",
+            &bundle_arg(f),
+            id,
+        ]);
+        assert_eq!(out.code, 0, "{out}");
+        let said = |what: &str| said(&out, what);
+        for (what, want) in [
+            ("lookup", "ok"),
+            ("host-allowed", "ok"),
+            ("sni-allowed", "ok"),
+            ("host-denied", "refused"),
+            ("absolute-denied", "refused"),
+            ("sni-denied", "refused"),
+            ("sni-denied-split", "refused"),
+            ("other-address", "refused"),
+            ("dns-over-tcp", "refused"),
+            ("other-resolver", "refused"),
+            ("all-routers", "refused"),
+            ("link-local", "refused"),
+            ("after-arp", "refused"),
+        ] {
+            assert_eq!(
+                said(what),
+                want,
+                "{what} (peer's link-local {ns_ll}): {out}"
+            );
+        }
+        // The ARP claims changed nothing outside the guest: the peer never
+        // heard of the made-up address.
+        let peer_neigh =
+            String::from_utf8_lossy(&ns.in_peer(&["ip", "neigh", "show"]).stdout).into_owned();
+        assert!(!peer_neigh.contains("10.231.0.99"), "{peer_neigh}");
+        assert_nothing_left(f, id);
 
-    let audit = audit_of(&f, id);
-    let shown = serde_json::to_string_pretty(&audit).unwrap_or_default();
-    for want in [
-        serde_json::json!({"event": "dns", "verdict": "allowed", "name": "allowed.test"}),
-        serde_json::json!({"event": "dns", "verdict": "denied", "name": "denied.test"}),
-        serde_json::json!({"event": "connection", "verdict": "allowed", "dst": PEER, "port": 8000,
-                           "name": "allowed.test", "name_from": "host"}),
-        serde_json::json!({"event": "connection", "verdict": "allowed", "name": "allowed.test", "name_from": "sni"}),
-        serde_json::json!({"event": "connection", "verdict": "denied", "name": "denied.test", "name_from": "host"}),
-        serde_json::json!({"event": "connection", "verdict": "denied", "name": "denied.test", "name_from": "sni"}),
-        serde_json::json!({"event": "connection", "verdict": "denied", "dst": "10.231.0.3", "port": 8000}),
-        serde_json::json!({"event": "connection", "verdict": "denied", "proto": "tcp", "dst": PEER, "port": 53}),
-        // A UDP rule naming a host: the jailed daemon added the address
-        // the name resolved to, and only that one, to the rule's set.
-        serde_json::json!({"event": "connection", "verdict": "allowed", "proto": "udp", "dst": PEER,
-                           "port": 9999, "rule": "allowed.test:9999/udp"}),
-        serde_json::json!({"event": "connection", "verdict": "denied", "proto": "udp", "dst": "10.231.0.3", "port": 9999}),
-    ] {
-        assert!(has_record(&audit, want.clone()), "no {want} in\n{shown}");
-    }
-    // Bytes were counted both ways for the connection that went through.
-    assert!(
-        audit.iter().any(|r| r["name_from"] == "host"
-            && r["verdict"] == "allowed"
-            && r["bytes_out"].as_u64().unwrap_or(0) > 0
-            && r["bytes_in"].as_u64().unwrap_or(0) > 0),
-        "{shown}"
-    );
+        let audit = audit_of(f, id);
+        let shown = serde_json::to_string_pretty(&audit).unwrap_or_default();
+        for want in [
+            serde_json::json!({"event": "dns", "verdict": "allowed", "name": "allowed.test"}),
+            serde_json::json!({"event": "dns", "verdict": "denied", "name": "denied.test"}),
+            serde_json::json!({"event": "connection", "verdict": "allowed", "dst": PEER, "port": 8000,
+                               "name": "allowed.test", "name_from": "host"}),
+            serde_json::json!({"event": "connection", "verdict": "allowed", "name": "allowed.test", "name_from": "sni"}),
+            serde_json::json!({"event": "connection", "verdict": "denied", "name": "denied.test", "name_from": "host"}),
+            serde_json::json!({"event": "connection", "verdict": "denied", "name": "denied.test", "name_from": "sni"}),
+            serde_json::json!({"event": "connection", "verdict": "denied", "dst": "10.231.0.3", "port": 8000}),
+            serde_json::json!({"event": "connection", "verdict": "denied", "proto": "tcp", "dst": PEER, "port": 53}),
+            // A UDP rule naming a host: the jailed daemon added the address
+            // the name resolved to, and only that one, to the rule's set.
+            serde_json::json!({"event": "connection", "verdict": "allowed", "proto": "udp", "dst": PEER,
+                               "port": 9999, "rule": "allowed.test:9999/udp"}),
+            serde_json::json!({"event": "connection", "verdict": "denied", "proto": "udp", "dst": "10.231.0.3", "port": 9999}),
+        ] {
+            assert!(has_record(&audit, want.clone()), "no {want} in\n{shown}");
+        }
+        // Bytes were counted both ways for the connection that went through.
+        assert!(
+            audit.iter().any(|r| r["name_from"] == "host"
+                && r["verdict"] == "allowed"
+                && r["bytes_out"].as_u64().unwrap_or(0) > 0
+                && r["bytes_in"].as_u64().unwrap_or(0) > 0),
+            "{shown}"
+        );
+    });
 }
 
 /// What the containers of `lanes` could leave on the host: processes
@@ -758,82 +769,97 @@ fn daemon_of(id: &str) -> Vec<String> {
 }
 
 /// Faults: the egress daemon killed leaves the sandbox cut off, not open
-/// (its rules send everything to it); the VM killed is the container's
-/// exit, and `delete` leaves the namespace, the host and its processes as
-/// they were.
+/// (its rules send everything to it); the sandbox killed (the VM, or the
+/// container tier's init) is the container's exit, and `delete` leaves
+/// the namespace, the host and its processes as they were.
 #[test]
-fn a_killed_egress_daemon_fails_closed_and_a_killed_vm_leaves_nothing() {
+fn a_killed_egress_daemon_fails_closed_and_a_killed_sandbox_leaves_nothing() {
     if common::bundle::skip_unless_root() {
         return;
     }
-    let f = require!(microvm_in());
-    let ns = Netns::new("kill");
-    let before = ns.snapshot();
-    let _a = PeerServer::start(&ns, 8000, "a");
-    write_script(&f, &ns, "sleep 600");
-    let id = "mvn-kill";
-    let out = f.agentvm(&[
-        "--egress",
-        "10.231.0.1:8000",
-        "create",
-        "--bundle",
-        &bundle_arg(&f),
-        id,
-    ]);
-    assert!(out.success(), "{out}");
-    f.agentvm(&["start", id]).ok();
-    let fetch = [
-        "exec",
-        id,
-        "wget",
-        "-q",
-        "-O",
-        "/dev/null",
-        "http://10.231.0.1:8000/",
-    ];
-    let out = f.agentvm(&fetch);
-    assert_eq!(out.code, 0, "allowed before: {out}");
-    let daemon = daemon_of(id);
-    assert_eq!(daemon.len(), 1, "one egress daemon: {daemon:?}");
-    let pid = daemon[0].split(':').next().unwrap_or_default().to_string();
-    assert!(Command::new("kill")
-        .args(["-9", &pid])
-        .status()
-        .expect("kill")
-        .success());
-    let out = f.agentvm(&fetch);
-    assert_ne!(
-        out.code, 0,
-        "the daemon gone, the sandbox must be cut off: {out}"
-    );
-    // The VM killed: the container stops, delete cleans up.
-    let root = f.root();
-    let qemu: Vec<String> = common::bundle::processes_with("qemu-system")
-        .into_iter()
-        .filter(|p| p.contains(root.to_str().expect("utf-8")) && p.contains(id))
-        .collect();
-    assert_eq!(qemu.len(), 1, "one QEMU: {qemu:?}");
-    let qpid = qemu[0].split(':').next().unwrap_or_default().to_string();
-    assert!(Command::new("kill")
-        .args(["-9", &qpid])
-        .status()
-        .expect("kill")
-        .success());
-    let stopped = common::wait_for(30, || (f.state(id)["status"] == "stopped").then_some(()));
-    assert!(stopped.is_some(), "{}", f.state(id));
-    f.agentvm(&["delete", id]).ok();
-    assert_nothing_left(&f, id);
-    assert_eq!(
-        ns.snapshot(),
-        before,
-        "routes, proxy entries and taps are gone"
-    );
-    assert_eq!(ns.nft_tables(), "", "nft tables left");
-    assert!(daemon_of(id).is_empty(), "{:?}", daemon_of(id));
+    each_tier(|tier, f| {
+        let ns = Netns::new(&format!("{tier}kill"));
+        let before = ns.snapshot();
+        let _a = PeerServer::start(&ns, 8000, "a");
+        write_script(f, &ns, "sleep 600");
+        let id = &format!("{tier}-kill");
+        let out = f.agentvm(&[
+            "--egress",
+            "10.231.0.1:8000",
+            "create",
+            "--bundle",
+            &bundle_arg(f),
+            id,
+        ]);
+        assert!(out.success(), "{out}");
+        f.agentvm(&["start", id]).ok();
+        let fetch = [
+            "exec",
+            id,
+            "timeout",
+            "-s",
+            "KILL",
+            "10",
+            "wget",
+            "-q",
+            "-O",
+            "/dev/null",
+            "http://10.231.0.1:8000/",
+        ];
+        let out = f.agentvm(&fetch);
+        assert_eq!(out.code, 0, "allowed before: {out}");
+        let daemon = daemon_of(id);
+        assert_eq!(daemon.len(), 1, "one egress daemon: {daemon:?}");
+        kill_9(&daemon[0]);
+        let out = f.agentvm(&fetch);
+        assert_ne!(
+            out.code, 0,
+            "the daemon gone, the sandbox must be cut off: {out}"
+        );
+        // The sandbox killed: the container stops, delete cleans up.
+        let root = f.root();
+        let root = root.to_str().expect("utf-8");
+        let victim = if tier == "mvn" {
+            let qemu: Vec<String> = common::bundle::processes_with("qemu-system")
+                .into_iter()
+                .filter(|p| p.contains(root) && p.contains(id.as_str()))
+                .collect();
+            assert_eq!(qemu.len(), 1, "one QEMU: {qemu:?}");
+            qemu[0].clone()
+        } else {
+            format!("{}: init", f.state(id)["pid"])
+        };
+        kill_9(&victim);
+        let stopped = common::wait_for(30, || (f.state(id)["status"] == "stopped").then_some(()));
+        assert!(stopped.is_some(), "{}", f.state(id));
+        f.agentvm(&["delete", id]).ok();
+        assert_nothing_left(f, id);
+        assert_eq!(
+            ns.snapshot(),
+            before,
+            "routes, proxy entries and sandbox interfaces are gone"
+        );
+        assert_eq!(ns.nft_tables(), "", "nft tables left");
+        assert!(daemon_of(id).is_empty(), "{:?}", daemon_of(id));
+    });
 }
 
-/// 200 networked containers, two namespaces at a time, half of them
-/// under a policy (taps, nft tables, routing rules, egress daemons): the
+/// SIGKILLs the process of a `pid: cmdline` line.
+fn kill_9(line: &str) {
+    let pid = line.split(':').next().unwrap_or_default().trim();
+    assert!(
+        Command::new("kill")
+            .args(["-9", pid])
+            .status()
+            .expect("kill")
+            .success(),
+        "kill {line}"
+    );
+}
+
+/// 200 networked containers, three namespaces at a time (one in the
+/// container tier), half of them under a policy (taps, veth pairs, router
+/// namespaces, nft tables, routing rules, egress daemons): the
 /// counts of their processes, links, routes, rules, nft tables and
 /// namespaces end where they started.
 #[test]
@@ -841,11 +867,16 @@ fn two_hundred_networked_create_delete_cycles_leave_the_host_as_it_was() {
     if common::bundle::skip_unless_root() {
         return;
     }
-    const LANES: usize = 2;
+    const LANES: usize = 3;
     const CYCLES: usize = 200;
     let mut lanes = Vec::new();
     for lane in 0..LANES {
-        let f = require!(microvm_in());
+        // One lane of the container tier, two of microVMs.
+        let f = require!(if lane == 0 {
+            container_in()
+        } else {
+            microvm_in()
+        });
         let ns = Netns::new(&format!("cyc{lane}"));
         write_script(&f, &ns, "ip -o addr show eth0 | grep -q 10.231.0.2");
         lanes.push((f, ns));
