@@ -158,7 +158,7 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
         "annotations": {
             "io.agentvm.version": env!("CARGO_PKG_VERSION"),
             "io.agentvm.isolation.default": format!("{default_tier} (from {source})"),
-            "io.agentvm.isolation.container": "available: namespaces, cgroups v1/v2, seccomp, capabilities (youki libcontainer 0.7)",
+            "io.agentvm.isolation.container": "available: namespaces, cgroups v1/v2, seccomp, capabilities (youki libcontainer 0.7); egress policy by address and by name (--egress) from a router namespace the workload's sits behind; refused: a policy on the host's network (--network host); not implemented yet: IPv6 under a policy",
             "io.agentvm.isolation.microvm": microvm,
             "io.agentvm.checkpoint": "not supported",
             "io.agentvm.audit": audit,
