@@ -504,6 +504,144 @@ fn allowed_names_resolve_and_connect_and_nothing_else_does() {
     });
 }
 
+/// The container tier under a policy with names, its resolver on the
+/// workload's loopback as Docker's embedded DNS is: root in the workload,
+/// with `CAP_NET_ADMIN`, runs the host's `nft` and busybox's `ip` on its
+/// own namespace. It sees only that namespace's resolver redirect, not the
+/// router's rules; flushing it lets it *resolve* a denied name through
+/// the loopback resolver, but not connect to it; renaming its interface
+/// only cuts it off; and `delete` still leaves the namespace as it was.
+#[test]
+fn root_with_net_admin_in_the_container_tier_changes_only_its_own_namespace() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
+    let f = require!(container_in());
+    let ns = Netns::new("ctadmin");
+    ip(&["-n", &ns.container, "link", "set", "lo", "up"]);
+    ip(&[
+        "-n",
+        &ns.peer,
+        "addr",
+        "add",
+        "10.231.0.3/24",
+        "dev",
+        "veth0",
+    ]);
+    let before = ns.snapshot();
+    let _a = PeerServer::start_on(&ns, "8000", "served");
+    // "Docker's embedded DNS": a resolver on 127.0.0.11 in the container's
+    // namespace, answering both names.
+    let dnsmasq = require!(["/usr/sbin/dnsmasq", "/usr/bin/dnsmasq"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .ok_or("no dnsmasq (apt-get install dnsmasq-base)"));
+    let mut dns = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.container,
+            dnsmasq,
+            "--no-daemon",
+            "--no-resolv",
+        ])
+        .args(["--no-hosts", "--bind-interfaces", "--pid-file="])
+        .args(["--listen-address=127.0.0.11", "--interface=lo"])
+        .args([
+            "--address=/allowed.test/10.231.0.1",
+            "--address=/denied.test/10.231.0.3",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start dnsmasq");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let resolv = f.dir.path().join("resolv.conf");
+    std::fs::write(&resolv, "nameserver 127.0.0.11\n").expect("resolv.conf");
+    write_script(
+        &f,
+        &ns,
+        "NFT='/host/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 \
+              --library-path /host/usr/lib/x86_64-linux-gnu /host/usr/sbin/nft'; \
+         r() { nslookup -type=a $1 >/dev/null 2>&1 && echo \"$2 resolved\" || echo \"$2 unresolved\"; }; \
+         c() { timeout -s KILL 10 wget -q -O /dev/null http://$1:8000/ \
+               && echo \"$2 ok\" || echo \"$2 refused\"; }; \
+         r allowed.test allowed-name; c allowed.test allowed-connect; \
+         r denied.test denied-name; \
+         $NFT list ruleset > /tmp/rules 2>&1; \
+         grep -q avveth /tmp/rules && echo 'router-rules seen' || echo 'router-rules unseen'; \
+         grep -q 'dnat ip to 127.0.0.11' /tmp/rules && echo 'redirect seen' || echo 'redirect unseen'; \
+         $NFT flush ruleset && echo 'flush done' || echo 'flush failed'; \
+         r denied.test denied-name-after-flush; c denied.test denied-connect-after-flush; \
+         c 10.231.0.3 denied-address-after-flush; c allowed.test allowed-after-flush; \
+         ip link set eth0 down; ip link set eth0 name eth9; ip link set eth9 up; \
+         ip route add default via 10.231.0.1 dev eth9; c 10.231.0.1 renamed",
+    );
+    let text = std::fs::read_to_string(f.bundle().join("config.json")).expect("config");
+    let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
+    config["mounts"].as_array_mut().expect("mounts").extend([
+        serde_json::json!({
+            "destination": "/etc/resolv.conf", "type": "bind",
+            "source": resolv, "options": ["rbind", "ro"]
+        }),
+        serde_json::json!({
+            "destination": "/host/usr", "type": "bind",
+            "source": "/usr", "options": ["rbind", "ro"]
+        }),
+        serde_json::json!({
+            "destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+            "options": ["nosuid", "nodev", "size=1m"]
+        }),
+    ]);
+    std::fs::write(
+        f.bundle().join("config.json"),
+        serde_json::to_vec_pretty(&config).expect("json"),
+    )
+    .expect("write config");
+    let id = "ct-admin";
+    let out = f.agentvm(&[
+        "--egress",
+        "allowed.test:8000",
+        "run",
+        "--bundle",
+        &bundle_arg(&f),
+        id,
+    ]);
+    let _ = dns.kill();
+    let _ = dns.wait();
+    assert_eq!(out.code, 0, "{out}");
+    let said = |what: &str| said(&out, what);
+    for (what, want) in [
+        ("allowed-name", "resolved"),
+        ("allowed-connect", "ok"),
+        ("denied-name", "unresolved"),
+        ("router-rules", "unseen"),
+        ("redirect", "seen"),
+        ("flush", "done"),
+        // What the flush gains: Docker's resolver answers directly...
+        ("denied-name-after-flush", "resolved"),
+        // ...but the proxy, out of reach, allows only what the policy's
+        // resolvers answered for allowed names.
+        ("denied-connect-after-flush", "refused"),
+        ("denied-address-after-flush", "refused"),
+        ("allowed-after-flush", "ok"),
+        ("renamed", "refused"),
+    ] {
+        assert_eq!(said(what), want, "{what}: {out}");
+    }
+    assert_nothing_left(&f, id);
+    assert_eq!(ns.snapshot(), before, "the namespace is as it was");
+    assert_eq!(ns.nft_tables(), "", "nft tables left");
+    let audit = audit_of(&f, id);
+    let shown = serde_json::to_string_pretty(&audit).unwrap_or_default();
+    for want in [
+        serde_json::json!({"event": "dns", "verdict": "denied", "name": "denied.test"}),
+        serde_json::json!({"event": "connection", "verdict": "denied", "dst": "10.231.0.3", "port": 8000}),
+    ] {
+        assert!(has_record(&audit, want.clone()), "no {want} in\n{shown}");
+    }
+}
+
 /// The audit records of container `id`, from the fixture's audit file.
 fn audit_of(f: &Fixture, id: &str) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(f.dir.path().join("audit.jsonl")).unwrap_or_default();

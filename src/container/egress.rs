@@ -471,20 +471,16 @@ pub fn teardown(dir: &Path) {
 }
 
 fn give_back(workload: &File, router: &File, moved: &[Interface]) -> Result<(), EgressError> {
-    in_ns(workload, || {
-        // The resolver redirect, if any.
-        let _ = crate::egress::nft::remove();
+    in_ns(router, || {
         let mut nl = Netlink::open()?;
+        // Our pairs first, by their ends here, which the workload cannot
+        // rename: their ends in its namespace go with them, whatever they
+        // are called now.
         for link in nl.links()? {
-            if moved.iter().any(|m| m.name == link.name) {
-                // Our pair's end: its router end goes with it.
+            if link.name.starts_with(router::VETH_PREFIX) {
                 nl.del_link(link.index)?;
             }
         }
-        Ok(())
-    })?;
-    in_ns(router, || {
-        let mut nl = Netlink::open()?;
         for link in nl.links()? {
             if moved.iter().any(|m| m.name == link.name) {
                 nl.move_link(link.index, workload.as_raw_fd())?;
@@ -493,6 +489,8 @@ fn give_back(workload: &File, router: &File, moved: &[Interface]) -> Result<(), 
         Ok(())
     })?;
     in_ns(workload, || {
+        // The resolver redirect, if any.
+        let _ = crate::egress::nft::remove();
         let mut nl = Netlink::open()?;
         let links = nl.links()?;
         for iface in moved {
