@@ -386,8 +386,36 @@ fn a_policy_by_name_reaches_only_that_container() {
         &["sh", "-c", HTTPD],
     );
     other.wait_for_log("serving");
+    let other_ip = other.inspect("{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}");
     for (_, sandbox) in policy_runtimes("only-web") {
         eprintln!("-- {}", sandbox.runtime.docker_name());
+        // Root with `--cap-add NET_ADMIN` takes another address of the
+        // network (the microVM's guest and the container tier's own
+        // namespace are its to change): still nothing but `web`.
+        let out = sandbox
+            .run_rm(
+                &["--network", &net.name, "--cap-add", "NET_ADMIN"],
+                &[
+                    "sh",
+                    "-c",
+                    &format!(
+                        "wget -q -O - http://web/index.html; \
+                         gw=$(ip route | awk '/default/ {{print $3}}'); \
+                         ip addr flush dev eth0; ip addr add {spoof}/24 dev eth0; \
+                         ip route add default via $gw; \
+                         timeout -s KILL 10 wget -q -O - http://{other_ip}/index.html \
+                           && echo other-reached || echo other-refused",
+                        spoof = spoof_of(&other_ip),
+                    ),
+                ],
+            )
+            .ok();
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        assert_eq!(
+            lines,
+            vec!["hello-from-the-container", "other-refused"],
+            "{out}"
+        );
         let out = sandbox
             .run_rm(
                 &["--network", &net.name],
@@ -411,4 +439,16 @@ fn a_policy_by_name_reaches_only_that_container() {
             "{out}"
         );
     }
+}
+
+/// An unused address in the /24 of `ip` (its last byte + 100, mod 250).
+fn spoof_of(ip: &str) -> String {
+    let mut parts: Vec<u32> = ip.split('.').filter_map(|p| p.parse().ok()).collect();
+    assert_eq!(parts.len(), 4, "an IPv4 address: {ip}");
+    parts[3] = (parts[3] + 100) % 250 + 2;
+    parts
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(".")
 }
