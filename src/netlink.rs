@@ -68,6 +68,8 @@ pub struct Link {
     pub up: bool,
     pub loopback: bool,
     pub ether: bool,
+    /// `IFLA_IFALIAS`, if set.
+    pub alias: Option<String>,
 }
 
 /// An address on a link.
@@ -490,6 +492,20 @@ impl Netlink {
         Ok(())
     }
 
+    /// Sets link `index`'s alias (`IFLA_IFALIAS`).
+    pub fn set_alias(&mut self, index: u32, alias: &str) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes
+            .push(LinkAttribute::IfAlias(alias.to_string()));
+        self.request(
+            "set a link's alias",
+            RouteNetlinkMessage::SetLink(msg),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
     /// Deletes link `index` (a veth takes its peer with it).
     pub fn del_link(&mut self, index: u32) -> Result<()> {
         let mut msg = LinkMessage::default();
@@ -569,11 +585,13 @@ fn link_of(l: &LinkMessage) -> Link {
         up: l.header.flags.contains(LinkFlags::Up),
         loopback: l.header.flags.contains(LinkFlags::Loopback),
         ether: l.header.link_layer_type == LinkLayerType::Ether,
+        alias: None,
     };
     for a in &l.attributes {
         match a {
             LinkAttribute::IfName(n) => link.name = n.clone(),
             LinkAttribute::Mtu(m) => link.mtu = *m,
+            LinkAttribute::IfAlias(a) => link.alias = Some(a.clone()),
             LinkAttribute::Address(mac) => link.mac = <[u8; 6]>::try_from(mac.as_slice()).ok(),
             _ => {}
         }

@@ -404,6 +404,68 @@ fn a_bad_or_unsupported_policy_is_refused_and_leaves_nothing() {
     assert_nothing_left(&c, "ct-bad");
 }
 
+/// A namespace shared by two containers of the container tier (a pod's,
+/// or `--network container:`) takes the policy of the first: a second one
+/// with a policy of its own is refused with an error saying so and leaves
+/// nothing, while the first keeps its policy.
+#[test]
+fn a_second_policy_on_a_shared_namespace_is_refused() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
+    let f = require!(container_in());
+    let ns = Netns::new("ctshared");
+    let before = ns.snapshot();
+    let _a = PeerServer::start(&ns, 8000, "a");
+    write_script(&f, &ns, "sleep 600");
+    let first = "ct-shared-1";
+    let out = f.agentvm(&[
+        "--egress",
+        "10.231.0.1:8000",
+        "run",
+        "--detach",
+        "--bundle",
+        &bundle_arg(&f),
+        first,
+    ]);
+    assert!(out.success(), "{out}");
+    let out = f.agentvm(&[
+        "--egress",
+        "10.231.0.0/24",
+        "run",
+        "--bundle",
+        &bundle_arg(&f),
+        "ct-shared-2",
+    ]);
+    common::bundle::assert_one_clear_error(&f, &out, "egress router already");
+    assert!(
+        f.leftovers().iter().all(|l| !l.contains("ct-shared-2")),
+        "{:?}",
+        f.leftovers()
+    );
+    assert_eq!(
+        common::bundle::processes_with("ct-shared-2"),
+        Vec::<String>::new()
+    );
+    let out = f.agentvm(&[
+        "exec",
+        first,
+        "timeout",
+        "-s",
+        "KILL",
+        "10",
+        "wget",
+        "-q",
+        "-O",
+        "-",
+        "http://10.231.0.1:8000/",
+    ]);
+    assert_eq!(out.out(), "a", "the first keeps its policy: {out}");
+    f.agentvm(&["delete", "--force", first]).ok();
+    assert_nothing_left(&f, first);
+    assert_eq!(ns.snapshot(), before, "the namespace is as it was");
+}
+
 /// dnsmasq in the peer namespace answering `names` with the peer's
 /// address; killed on drop.
 struct PeerDns(std::process::Child);

@@ -45,6 +45,8 @@ const RECORD: &str = "egress.json";
 const ROUTER_PIN: &str = "egress-router.netns";
 /// The workload's namespace's bind mount (Docker's goes with the init).
 const WORKLOAD_PIN: &str = "egress-workload.netns";
+/// The alias of the pair's end in the workload's namespace.
+const PEER_ALIAS: &str = "agentvm-egress";
 
 #[derive(Debug, thiserror::Error)]
 pub enum EgressError {
@@ -53,6 +55,11 @@ pub enum EgressError {
          shares the host's"
     )]
     HostNetwork,
+    #[error(
+        "egress policy: the container's network namespace is behind another container's \
+         egress router already (a shared namespace takes one policy, set on its first container)"
+    )]
+    AlreadyRouted,
     #[error("egress policy: {0}")]
     Router(#[from] router::NetError),
     #[error("egress policy: {0}")]
@@ -170,6 +177,9 @@ fn interfaces(nl: &mut Netlink) -> Result<Vec<(Link, Interface)>, EgressError> {
     let links = nl.links()?;
     let addrs = nl.addresses()?;
     let routes = nl.routes()?;
+    if links.iter().any(|l| l.alias.as_deref() == Some(PEER_ALIAS)) {
+        return Err(EgressError::AlreadyRouted);
+    }
     let mut out = Vec::new();
     for link in links {
         let Some(mac) = link.mac.filter(|_| link.ether && link.up && !link.loopback) else {
@@ -381,6 +391,7 @@ fn route(
                 .find(|l| l.name == iface.name)
                 .ok_or_else(|| EgressError::Lost("the container", iface.name.clone()))?;
             netlink::configure_interface(&mut nl, link, iface)?;
+            nl.set_alias(link.index, PEER_ALIAS)?;
         }
         if let Some((resolver, port)) = workload_dns_port {
             crate::egress::nft::apply(&crate::egress::workload_dns_ruleset(resolver, port))
