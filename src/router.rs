@@ -22,7 +22,10 @@
 //!   [`DNS_RELAY`], an address of the tap that the guest's own relay on that
 //!   loopback address forwards to.
 //!
-//! IPv6 addresses are not passed to the sandbox yet (a warning says so).
+//! IPv6 is routed the same way without a policy, with
+//! [`crate::ndp::NdpProxy`] answering neighbour solicitations on the
+//! sandbox's interface as proxy ARP does for IPv4; under a policy it is
+//! not routed yet (a warning says so) and the sandbox's interface drops it.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -121,6 +124,19 @@ pub enum DnsMode {
     Resolver,
 }
 
+/// What stays of [`Plumbed`] once the sandbox runs.
+#[derive(Debug)]
+pub struct Kept {
+    pub dns: Option<HostDnsRelay>,
+    pub ndp: Vec<crate::ndp::NdpProxy>,
+    pub restore: Vec<Restore>,
+}
+
+/// An IPv6 link-local destination (`fe80::/10`), which is never routed.
+fn is_link_local(addr: &IpAddr) -> bool {
+    matches!(addr, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80)
+}
+
 /// What [`plumb`] set up. Dropped before [`Plumbed::keep`], it puts the
 /// namespace back as it was (boot failed).
 #[derive(Debug, Default)]
@@ -132,6 +148,9 @@ pub struct Plumbed {
     /// Local routes taken out of the namespace's local table, and proxy
     /// neighbours added, to put back if the VM never runs.
     restore: Vec<(u32, Route)>,
+    /// IPv6 addresses taken off the namespace's links (link, address,
+    /// prefix), the same.
+    readd: Vec<(u32, IpAddr, u8)>,
     /// The same, by link name, for `delete` to put back in a namespace
     /// that outlives the container (CNI's).
     names: Vec<Restore>,
@@ -143,6 +162,8 @@ pub struct Plumbed {
     owned: Vec<(u32, IpAddr)>,
     /// The rule keeping them local for the namespace's own connections.
     local_rule: bool,
+    /// IPv6 neighbour answers on each sandbox interface with IPv6.
+    pub ndp: Vec<crate::ndp::NdpProxy>,
 }
 
 /// The route keeping `addr` local in [`LOCAL_TABLE`] for marked packets.
@@ -162,6 +183,32 @@ fn local_route(link: u32, addr: IpAddr) -> Route {
 pub struct Restore {
     pub link: String,
     pub addr: IpAddr,
+    /// Set when the address itself left the link (IPv6: the namespace
+    /// would otherwise solicit its neighbours from the guest's address and
+    /// their answers would go to the guest): put back with this prefix.
+    #[serde(default)]
+    pub prefix: Option<u8>,
+}
+
+/// Puts IPv6 address `addr`/`prefix` back on link `index`: first the
+/// on-link route that stood in for the address's own, then the address
+/// (whose own route comes back with it), then no more proxy answers.
+fn give_back_v6(nl: &mut Netlink, index: u32, addr: IpAddr, prefix: u8) {
+    let _ = nl.del_route(&on_link(index, addr, prefix));
+    let _ = nl.add_address(index, addr, prefix);
+    let _ = nl.del_proxy_neighbour(index, addr);
+}
+
+/// The on-link route of `addr`/`prefix` on link `index`.
+fn on_link(index: u32, addr: IpAddr, prefix: u8) -> Route {
+    Route {
+        table: TABLE_MAIN,
+        dst: netlink::network(addr, prefix),
+        prefix,
+        gateway: None,
+        oif: Some(index),
+        kind: RouteKind::Unicast,
+    }
 }
 
 /// Gives the namespace at `netns` its addresses back (`delete`): each is
@@ -189,6 +236,10 @@ pub fn restore(netns: &Path, entries: &[Restore], egress_rules: bool) {
             let Some(link) = links.iter().find(|l| l.name == e.link) else {
                 continue;
             };
+            if let Some(prefix) = e.prefix {
+                give_back_v6(&mut nl, link.index, e.addr, prefix);
+                continue;
+            }
             if !addrs
                 .iter()
                 .any(|a| a.index == link.index && a.addr == e.addr)
@@ -235,11 +286,19 @@ impl Plumbed {
             .collect()
     }
 
-    pub fn keep(mut self) -> (Option<HostDnsRelay>, Vec<Restore>) {
+    /// The VM runs: the plumbing stays for its life. Returns what runs
+    /// beside it (the DNS relay, the IPv6 neighbour answers) and what
+    /// `delete` puts back.
+    pub fn keep(mut self) -> Kept {
         self.restore.clear();
+        self.readd.clear();
         self.nft = false;
         self.local_rule = false;
-        (self.dns.take(), std::mem::take(&mut self.names))
+        Kept {
+            dns: self.dns.take(),
+            ndp: std::mem::take(&mut self.ndp),
+            restore: std::mem::take(&mut self.names),
+        }
     }
 }
 
@@ -258,7 +317,7 @@ impl Drop for Plumbed {
         if self.nft {
             let _ = crate::egress::nft::remove();
         }
-        if self.restore.is_empty() {
+        if self.restore.is_empty() && self.readd.is_empty() {
             return;
         }
         let Ok(mut nl) = Netlink::open() else {
@@ -267,6 +326,9 @@ impl Drop for Plumbed {
         for (link, route) in self.restore.drain(..) {
             let _ = nl.add_route(&route);
             let _ = nl.del_proxy_neighbour(link, route.dst);
+        }
+        for (link, addr, prefix) in self.readd.drain(..) {
+            give_back_v6(&mut nl, link, addr, prefix);
         }
     }
 }
@@ -299,12 +361,17 @@ pub fn plumb(
             .filter(|a| a.index == link.index && a.global && a.addr.is_ipv4())
             .copied()
             .collect();
-        let has_v6 = addrs
+        let v6: Vec<_> = addrs
             .iter()
-            .any(|a| a.index == link.index && a.global && a.addr.is_ipv6());
-        if has_v6 {
+            .filter(|a| a.index == link.index && a.global && a.addr.is_ipv6())
+            .copied()
+            .collect();
+        // IPv6 is routed like IPv4, but not yet under a policy, whose
+        // proxy and resolver listen on IPv4: there it is dropped.
+        let route_v6 = !v6.is_empty() && !egress;
+        if !v6.is_empty() && egress {
             out.warnings.push(format!(
-                "{}: IPv6 addresses are not passed to the microVM yet",
+                "{}: IPv6 is not routed under an egress policy yet; the sandbox gets IPv4 only",
                 link.name
             ));
         }
@@ -330,24 +397,34 @@ pub fn plumb(
                 None
             }
         };
-        let tap_index = nl
+        let side = nl
             .links()?
             .into_iter()
             .find(|l| l.name == tap_name)
-            .map(|l| l.index)
             .ok_or_else(|| NetError::Io {
                 what: format!("find {tap_name}"),
                 source: std::io::Error::from(std::io::ErrorKind::NotFound),
             })?;
-        let sysctls = [
+        let tap_index = side.index;
+        let mut sysctls = vec![
             ("ipv4/ip_forward".to_string(), "1"),
             (format!("ipv4/conf/{tap_name}/proxy_arp"), "1"),
             (format!("ipv4/conf/{tap_name}/rp_filter"), "1"),
             (format!("ipv4/conf/{tap_name}/send_redirects"), "0"),
             (format!("ipv4/neigh/{tap_name}/proxy_delay"), "0"),
             (format!("ipv4/neigh/{}/proxy_delay", link.name), "0"),
-            (format!("ipv6/conf/{tap_name}/disable_ipv6"), "1"),
+            (
+                format!("ipv6/conf/{tap_name}/disable_ipv6"),
+                if route_v6 { "0" } else { "1" },
+            ),
         ];
+        if route_v6 {
+            sysctls.extend([
+                ("ipv6/conf/all/forwarding".to_string(), "1"),
+                (format!("ipv6/conf/{tap_name}/accept_ra"), "0"),
+                (format!("ipv6/conf/{}/proxy_ndp", link.name), "1"),
+            ]);
+        }
         for (path, value) in &sysctls {
             netlink::sysctl(path, value).map_err(io(format!("set net.{path}")))?;
         }
@@ -367,7 +444,7 @@ pub fn plumb(
                 r.table == TABLE_MAIN
                     && r.kind == RouteKind::Unicast
                     && r.oif == Some(link.index)
-                    && r.dst.is_ipv4()
+                    && (r.dst.is_ipv4() || (route_v6 && !is_link_local(&r.dst)))
             })
             .collect();
         own.sort_by_key(|r| r.gateway.is_some());
@@ -380,23 +457,46 @@ pub fn plumb(
                 gateway: r.gateway,
             });
         }
-        for a in &v4 {
+        let routed: Vec<_> = v4
+            .iter()
+            .chain(v6.iter().filter(|_| route_v6))
+            .copied()
+            .collect();
+        for a in &routed {
+            let host = if a.addr.is_ipv4() { 32 } else { 128 };
+            if a.addr.is_ipv6() {
+                // The address leaves the link, and an on-link route stands
+                // in for the one it took with it.
+                match nl.del_address(link.index, a.addr, a.prefix) {
+                    Ok(()) => {
+                        out.readd.push((link.index, a.addr, a.prefix));
+                        out.names.push(Restore {
+                            link: link.name.clone(),
+                            addr: a.addr,
+                            prefix: Some(a.prefix),
+                        });
+                    }
+                    Err(e) => e.unless(libc::EADDRNOTAVAIL)?,
+                }
+                nl.ensure_route(&on_link(link.index, a.addr, a.prefix))?;
+            }
             let local = Route {
                 table: TABLE_LOCAL,
                 dst: a.addr,
-                prefix: 32,
+                prefix: host,
                 gateway: None,
                 oif: Some(link.index),
                 kind: RouteKind::Local,
             };
             // Already gone when a namespace that outlived a container is
-            // used again.
+            // used again (and with an IPv6 address that left the link).
             match nl.del_route(&local) {
                 Ok(()) => {
                     out.restore.push((link.index, local));
                     out.names.push(Restore {
                         link: link.name.clone(),
                         addr: a.addr,
+                        prefix: None,
                     });
                 }
                 Err(e) => e.unless(libc::ESRCH)?,
@@ -404,13 +504,15 @@ pub fn plumb(
             nl.add_route(&Route {
                 table: TABLE_MAIN,
                 dst: a.addr,
-                prefix: 32,
+                prefix: host,
                 gateway: None,
                 oif: Some(tap_index),
                 kind: RouteKind::Unicast,
             })?;
             nl.add_proxy_neighbour(link.index, a.addr)?;
-            out.owned.push((link.index, a.addr));
+            if a.addr.is_ipv4() {
+                out.owned.push((link.index, a.addr));
+            }
             // The namespace never asks the guest who it is: its ARP request
             // would come from the guest's own address, which the guest
             // drops as a martian.
@@ -420,7 +522,7 @@ pub fn plumb(
             name: link.name.clone(),
             mac: netlink::format_mac(&mac),
             mtu: link.mtu,
-            addresses: v4
+            addresses: routed
                 .iter()
                 .map(|a| IpNet {
                     addr: a.addr,
@@ -429,6 +531,23 @@ pub fn plumb(
                 .collect(),
             routes: guest_routes,
         });
+        if route_v6 {
+            let own = v6
+                .iter()
+                .filter_map(|a| match a.addr {
+                    IpAddr::V6(v) => Some(v),
+                    IpAddr::V4(_) => None,
+                })
+                .collect();
+            let mac = side.mac.ok_or_else(|| NetError::Io {
+                what: format!("read the MAC of {tap_name}"),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            })?;
+            out.ndp.push(
+                crate::ndp::NdpProxy::open(tap_index, mac, own)
+                    .map_err(io(format!("answer neighbour solicitations on {tap_name}")))?,
+            );
+        }
         if let Some(tap) = tap {
             out.nics.push(Nic {
                 tap: Arc::new(tap),

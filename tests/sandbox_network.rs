@@ -24,7 +24,7 @@ use std::process::Command;
 
 use common::bundle::{assert_nothing_left, Fixture};
 
-use common::netns::{ip, ip_out, Netns, PeerServer, GUEST, PEER};
+use common::netns::{ip, ip_out, Netns, PeerServer, GUEST, GUEST6, PEER, PEER6};
 
 /// What a script's `echo "WHAT RESULT"` line said for WHAT.
 fn said(out: &common::cmd::Output, what: &str) -> String {
@@ -199,6 +199,97 @@ fn the_peer_reaches_a_server_in_the_guest() {
     assert_eq!(got.as_deref(), Some("served-by-the-guest\n"));
     f.agentvm(&["delete", "--force", "mvn-srv"]);
     assert_nothing_left(&f, "mvn-srv");
+}
+
+/// A dual-stack namespace: the guest owns the IPv6 address too, with the
+/// routes the namespace had, reaches the peer over IPv6 and is reached by
+/// it, and the namespace gets its address back. Under a policy (either
+/// tier) IPv6 is not routed yet: nothing leaves over it.
+#[test]
+fn ipv6_is_routed_to_the_guest_and_given_back() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
+    let f = require!(microvm_in());
+    let ns = Netns::new("v6");
+    ns.add_ipv6();
+    let before = ns.snapshot6();
+    let _a = PeerServer::start_on(&ns, "[::]:8000", "over-six");
+    write_script(
+        &f,
+        &ns,
+        &"ip -6 -o addr show dev eth0 scope global; ip -6 route; \
+          ping6 -c 1 -W 5 PEER6 >/dev/null && echo 'ping6 ok' || echo 'ping6 refused'; \
+          timeout -s KILL 10 wget -q -O - 'http://[PEER6]:8000/' && echo || echo 'wget6 refused'; \
+          echo served-over-six > /www/index.html; httpd -p [::]:80 -h /www; echo up; sleep 600"
+            .replace("PEER6", PEER6),
+    );
+    let id = "mvn-v6";
+    let out = f.agentvm(&["run", "--detach", "--bundle", &bundle_arg(&f), id]);
+    assert_eq!(out.code, 0, "{out}");
+    let url = format!("http://[{GUEST6}]/index.html");
+    let got = common::wait_for(60, || {
+        let o = ns.in_peer(&["busybox", "wget", "-q", "-O", "-", &url]);
+        (o.status.success()).then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+    });
+    assert_eq!(
+        got.as_deref(),
+        Some("served-over-six\n"),
+        "the peer reaches the guest"
+    );
+    f.agentvm(&["delete", "--force", id]).ok();
+    assert_nothing_left(&f, id);
+    assert_eq!(ns.snapshot6(), before, "the namespace is as it was");
+
+    // What the guest saw, in the foreground this time.
+    write_script(
+        &f,
+        &ns,
+        &"ip -6 -o addr show dev eth0 scope global; ip -6 route; \
+          ping6 -c 1 -W 5 PEER6 >/dev/null && echo 'ping6 ok' || echo 'ping6 refused'; \
+          timeout -s KILL 10 wget -q -O /dev/null 'http://[PEER6]:8000/' \
+            && echo 'wget6 ok' || echo 'wget6 refused'"
+            .replace("PEER6", PEER6),
+    );
+    let out = f.agentvm(&["run", "--bundle", &bundle_arg(&f), "mvn-v6-fg"]);
+    assert_eq!(out.code, 0, "{out}");
+    assert!(out.stdout.contains(&format!("inet6 {GUEST6}/64")), "{out}");
+    assert!(
+        out.stdout
+            .contains(&format!("default via {PEER6} dev eth0")),
+        "{out}"
+    );
+    assert_eq!(said(&out, "ping6"), "ok", "{out}");
+    assert_eq!(said(&out, "wget6"), "ok", "{out}");
+    assert_eq!(ns.snapshot6(), before, "the namespace is as it was");
+
+    each_tier(|tier, f| {
+        write_script(
+            f,
+            &ns,
+            &"ping6 -c 1 -W 3 PEER6 >/dev/null 2>&1 && echo 'ping6 ok' || echo 'ping6 refused'; \
+              timeout -s KILL 10 wget -q -O /dev/null 'http://[PEER6]:8000/' \
+                && echo 'wget6 ok' || echo 'wget6 refused'; \
+              wget -q -O /dev/null http://PEER:8000/ && echo 'wget4 ok' || echo 'wget4 refused'"
+                .replace("PEER6", PEER6)
+                .replace("PEER:", &format!("{PEER}:")),
+        );
+        let id = &format!("{tier}-v6-policy");
+        let out = f.agentvm(&[
+            "--egress",
+            &format!("{PEER}:8000,[{PEER6}]:8000"),
+            "run",
+            "--bundle",
+            &bundle_arg(f),
+            id,
+        ]);
+        assert_eq!(out.code, 0, "{out}");
+        assert_eq!(said(&out, "ping6"), "refused", "{out}");
+        assert_eq!(said(&out, "wget6"), "refused", "{out}");
+        assert_eq!(said(&out, "wget4"), "ok", "{out}");
+        assert_nothing_left(f, id);
+        assert_eq!(ns.snapshot6(), before, "the namespace is as it was");
+    });
 }
 
 /// Root in the guest tries to leave its address: each attempt is cut off

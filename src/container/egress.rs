@@ -199,7 +199,11 @@ fn interfaces(nl: &mut Netlink) -> Result<Vec<(Link, Interface)>, EgressError> {
         let mut own: Vec<_> = routes
             .iter()
             .filter(|r| {
-                r.table == TABLE_MAIN && r.kind == RouteKind::Unicast && r.oif == Some(link.index)
+                r.table == TABLE_MAIN
+                    && r.kind == RouteKind::Unicast
+                    && r.oif == Some(link.index)
+                    // The kernel's own, back with the link.
+                    && !matches!(r.dst, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80)
             })
             .collect();
         // On-link routes first: a gateway must be reachable when its route

@@ -164,6 +164,8 @@ pub struct Booted {
     pub guest_log: guest_log::GuestLog,
     /// The host side of the DNS relay, started once the jail is on.
     pub dns: Option<super::net::HostDnsRelay>,
+    /// IPv6 neighbour answers on the taps, started once the jail is on.
+    pub ndp: Vec<crate::ndp::NdpProxy>,
 }
 
 fn boot(args: &Args) -> Result<Booted, SupervisorError> {
@@ -358,7 +360,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     };
     // QEMU holds the taps now.
     drop(config);
-    let (dns, restore) = plumbed.keep();
+    let super::net::Kept { dns, ndp, restore } = plumbed.keep();
     state.netns = super::spec::netns_path(&spec);
     state.net_restore = restore;
     state.status = Status::Created;
@@ -373,6 +375,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         cli,
         guest_log,
         dns,
+        ndp,
     })
 }
 
