@@ -272,6 +272,72 @@ fn a_server_on_the_host_bridge_address_is_reachable() {
     });
 }
 
+/// A dual-stack network: each runtime's container has the IPv6 address
+/// and gateway `docker inspect` reports, and reaches a runc container on
+/// the network over IPv6, as runc's does.
+#[test]
+fn ipv6_on_a_dual_stack_network_is_what_docker_inspect_reports() {
+    let base = require!(docker());
+    let net = Network::create(
+        base,
+        "ipv6",
+        &[
+            "--ipv6",
+            "--subnet",
+            "172.31.231.0/24",
+            "--subnet",
+            "fd00:db8:231::/64",
+        ],
+    );
+    let runc = docker_with(Runtime::Peer("runc".into())).expect("docker");
+    let web = runc.start("web6", &["--network", &net.name], &["sh", "-c", HTTPD]);
+    web.wait_for_log("serving");
+    let web6 = web.inspect(&format!(
+        "{{{{(index .NetworkSettings.Networks \"{}\").GlobalIPv6Address}}}}",
+        net.name
+    ));
+    assert!(web6.contains(':'), "web has an IPv6 address: {web6:?}");
+    each_runtime(|d| {
+        let c = d.start("inspect6", &["--network", &net.name], &["sleep", "600"]);
+        let want = c.inspect(&format!(
+            "{{{{(index .NetworkSettings.Networks \"{}\").GlobalIPv6Address}}}}",
+            net.name
+        ));
+        let gw = c.inspect(&format!(
+            "{{{{(index .NetworkSettings.Networks \"{}\").IPv6Gateway}}}}",
+            net.name
+        ));
+        let text = c
+            .exec(
+                &[],
+                &[
+                    "sh",
+                    "-c",
+                    &format!(
+                        "ip -6 -o addr show eth0 scope global; ip -6 route; \
+                         wget -q -O - 'http://[{web6}]/index.html'"
+                    ),
+                ],
+            )
+            .ok()
+            .out()
+            .to_string();
+        let name = d.runtime.docker_name();
+        assert!(
+            text.contains(&format!("inet6 {want}/64")),
+            "{name}: {want} in\n{text}"
+        );
+        assert!(
+            text.contains(&format!("default via {gw} dev eth0")),
+            "{name}: default via {gw} in\n{text}"
+        );
+        assert!(
+            text.contains("hello-from-the-container"),
+            "{name}: web over IPv6 in\n{text}"
+        );
+    });
+}
+
 #[test]
 fn network_none_has_loopback_only() {
     let _ = require!(docker());

@@ -115,9 +115,9 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
     let (default_tier, source) = config.select_isolation(global.isolation, None)?;
     let microvm = match crate::microvm::host::Host::probe(&config) {
         Ok(h) => format!(
-            "available: qemu microvm, {} ({}), IPv4 networking routed through the container's \
-             namespace, egress policy by address and by name (--egress; a proxy checks TLS SNI and HTTP Host); refused: the host's network \
-             (--network host); not implemented yet: IPv6 in the guest, joining host namespaces \
+            "available: qemu microvm, {} ({}), IPv4 and IPv6 networking routed through the \
+             container's namespace, egress policy by address and by name (--egress; a proxy checks TLS SNI and HTTP Host); refused: the host's network \
+             (--network host); not implemented yet: IPv6 under a policy, joining host namespaces \
              by path, update of vCPUs/RAM after create",
             h.accel.as_str(),
             h.accel_reason

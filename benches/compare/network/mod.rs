@@ -41,10 +41,10 @@ use tools::{Http, Throughput};
 /// that policy (from the test dockerd's `daemon.json`): TCP to the name
 /// `web` on port 80 only, so the benchmark's server is named `web` and
 /// listens on port 80.
-const POLICY_RUNTIME: &str = "agentvm-only-web";
+pub const POLICY_RUNTIME: &str = "agentvm-only-web";
 const POLICY: &str = "--egress web:80";
 /// The same policy in the container tier.
-const CONTAINER_POLICY_RUNTIME: &str = "agentvm-container-only-web";
+pub const CONTAINER_POLICY_RUNTIME: &str = "agentvm-container-only-web";
 /// The port of the iperf3 server in the measured container.
 const IPERF_PORT: u16 = 5201;
 /// `wrk` connections from the host (requests/s), and from the container
