@@ -75,6 +75,18 @@ fn microvm_in() -> Result<Fixture, String> {
     Ok(f)
 }
 
+/// Adds `mounts` to the fixture's bundle.
+fn add_mounts<const N: usize>(f: &Fixture, mounts: [serde_json::Value; N]) {
+    let path = f.bundle().join("config.json");
+    let text = std::fs::read_to_string(&path).expect("config");
+    let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
+    config["mounts"]
+        .as_array_mut()
+        .expect("mounts")
+        .extend(mounts);
+    std::fs::write(&path, serde_json::to_vec_pretty(&config).expect("json")).expect("write config");
+}
+
 /// The container tier, writing its audit trail in the fixture.
 fn container_in() -> Result<Fixture, String> {
     if let Some(why) = common::host_unsuitable(&["ip", "nft"]) {
@@ -623,20 +635,13 @@ fn allowed_names_resolve_and_connect_and_nothing_else_does() {
              nslookup -type=a allowed.test 10.231.0.1 >/dev/null 2>&1 && echo 'allowed-lookup ok' || echo 'allowed-lookup refused'",
         );
         // The container's resolver, as Docker and Podman bind-mount it.
-        let text = std::fs::read_to_string(f.bundle().join("config.json")).expect("config");
-        let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
-        config["mounts"]
-            .as_array_mut()
-            .expect("mounts")
-            .push(serde_json::json!({
+        add_mounts(
+            f,
+            [serde_json::json!({
                 "destination": "/etc/resolv.conf", "type": "bind",
                 "source": resolv, "options": ["rbind", "ro"]
-            }));
-        std::fs::write(
-            f.bundle().join("config.json"),
-            serde_json::to_vec_pretty(&config).expect("json"),
-        )
-        .expect("write config");
+            })],
+        );
         let out = f.agentvm(&[
             "--egress",
             "allowed.test:8000",
@@ -730,27 +735,23 @@ fn root_with_net_admin_in_the_container_tier_changes_only_its_own_namespace() {
          ip link set eth0 down; ip link set eth0 name eth9; ip link set eth9 up; \
          ip route add default via 10.231.0.1 dev eth9; c 10.231.0.1 renamed",
     );
-    let text = std::fs::read_to_string(f.bundle().join("config.json")).expect("config");
-    let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
-    config["mounts"].as_array_mut().expect("mounts").extend([
-        serde_json::json!({
-            "destination": "/etc/resolv.conf", "type": "bind",
-            "source": resolv, "options": ["rbind", "ro"]
-        }),
-        serde_json::json!({
-            "destination": "/host/usr", "type": "bind",
-            "source": "/usr", "options": ["rbind", "ro"]
-        }),
-        serde_json::json!({
-            "destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
-            "options": ["nosuid", "nodev", "size=1m"]
-        }),
-    ]);
-    std::fs::write(
-        f.bundle().join("config.json"),
-        serde_json::to_vec_pretty(&config).expect("json"),
-    )
-    .expect("write config");
+    add_mounts(
+        &f,
+        [
+            serde_json::json!({
+                "destination": "/etc/resolv.conf", "type": "bind",
+                "source": resolv, "options": ["rbind", "ro"]
+            }),
+            serde_json::json!({
+                "destination": "/host/usr", "type": "bind",
+                "source": "/usr", "options": ["rbind", "ro"]
+            }),
+            serde_json::json!({
+                "destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                "options": ["nosuid", "nodev", "size=1m"]
+            }),
+        ],
+    );
     let id = "ct-admin";
     let out = f.agentvm(&[
         "--egress",
@@ -940,23 +941,19 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
              t after-arp 10.231.0.3 host-allowed 8000"
                 .replace("NS_LINK_LOCAL", &ns_ll),
         );
-        let text = std::fs::read_to_string(f.bundle().join("config.json")).expect("config");
-        let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
-        config["mounts"].as_array_mut().expect("mounts").extend([
-            serde_json::json!({
-                "destination": "/etc/resolv.conf", "type": "bind",
-                "source": resolv, "options": ["rbind", "ro"]
-            }),
-            serde_json::json!({
-                "destination": "/data", "type": "bind",
-                "source": data, "options": ["rbind", "ro"]
-            }),
-        ]);
-        std::fs::write(
-            f.bundle().join("config.json"),
-            serde_json::to_vec_pretty(&config).expect("json"),
-        )
-        .expect("write config");
+        add_mounts(
+            f,
+            [
+                serde_json::json!({
+                    "destination": "/etc/resolv.conf", "type": "bind",
+                    "source": resolv, "options": ["rbind", "ro"]
+                }),
+                serde_json::json!({
+                    "destination": "/data", "type": "bind",
+                    "source": data, "options": ["rbind", "ro"]
+                }),
+            ],
+        );
         let id = &format!("{tier}-forge");
         let out = f.agentvm(&[
             "--egress",
