@@ -269,7 +269,16 @@ impl Plumbed {
     /// Installs the egress rules (removed again if boot fails).
     pub fn install_egress(&mut self, ruleset: &str) -> Result<(), NetError> {
         self.nft = true;
-        crate::egress::nft::apply(ruleset).map_err(NetError::Nft)
+        crate::egress::nft::apply(ruleset).map_err(NetError::Nft)?;
+        // Bytes and times per flow, for the audit lines of UDP flows
+        // (conntrack is loaded now: the rules use it).
+        for path in [
+            "netfilter/nf_conntrack_acct",
+            "netfilter/nf_conntrack_timestamp",
+        ] {
+            netlink::sysctl(path, "1").map_err(io(format!("set net.{path}")))?;
+        }
+        Ok(())
     }
 
     /// The sandbox's interfaces as the egress rules see them.
@@ -645,8 +654,9 @@ fn iface_dns(guest: &mut Network, loopback: &[IpAddr]) {
 /// How long the egress daemon lives.
 #[derive(Debug, Clone, Copy)]
 pub enum DaemonLife<'a> {
-    /// Until its parent (the microVM's supervisor) dies.
-    WithParent,
+    /// Until its parent (the microVM's supervisor) closes this pipe's
+    /// write end — it then writes what it still holds and ends — or dies.
+    WithParent(BorrowedFd<'a>),
     /// Detached, in a session of its own, until the process this pidfd
     /// refers to (the container tier's init) exits.
     While(BorrowedFd<'a>),
@@ -697,9 +707,14 @@ impl EgressDaemon<'_> {
             cmd.arg("--dns");
             fds.push((d.listener.as_raw_fd(), DNS_FD));
         }
-        if let DaemonLife::While(pidfd) = self.life {
-            cmd.arg("--watch");
-            fds.push((pidfd.as_raw_fd(), WATCH_FD));
+        let (watch, detach) = match self.life {
+            DaemonLife::WithParent(pipe) => (pipe, false),
+            DaemonLife::While(pidfd) => (pidfd, true),
+        };
+        cmd.arg("--watch");
+        fds.push((watch.as_raw_fd(), WATCH_FD));
+        if detach {
+            cmd.arg("--detached");
         }
         if let Some((listener, pool)) = &self.workload_dns {
             if pool.len() != POOL_SIZE as usize {
@@ -721,7 +736,6 @@ impl EgressDaemon<'_> {
         cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log);
-        let detach = matches!(self.life, DaemonLife::While(_));
         let mut high = vec![-1; fds.len()];
         // SAFETY: between fork and exec only fcntl, dup2 and setsid, which
         // are async-signal-safe, and writes into `high`, allocated before

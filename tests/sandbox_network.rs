@@ -1013,6 +1013,15 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
         ] {
             assert!(has_record(&audit, want.clone()), "no {want} in\n{shown}");
         }
+        // A UDP flow is written at its end with what it sent (tftp's
+        // requests, unanswered) and how long it lasted.
+        assert!(
+            audit.iter().any(|r| r["proto"] == "udp"
+                && r["verdict"] == "allowed"
+                && r["port"] == 9999
+                && r["bytes_out"].as_u64().unwrap_or(0) > 0),
+            "{shown}"
+        );
         // Bytes were counted both ways for the connection that went through.
         assert!(
             audit.iter().any(|r| r["name_from"] == "host"

@@ -167,9 +167,13 @@ pub struct EgressDaemonArgs {
     /// The namespace's service addresses, never a destination.
     #[arg(long = "own")]
     pub own: Vec<std::net::IpAddr>,
-    /// A pidfd is passed: the daemon ends when that process does.
+    /// A pidfd or a pipe is passed: the daemon ends when that process
+    /// does, or the pipe's writer closes it.
     #[arg(long)]
     pub watch: bool,
+    /// Not tied to its parent's life (no parent-death signal).
+    #[arg(long)]
+    pub detached: bool,
     /// A resolver socket in the workload's namespace and a pool of
     /// sockets connected to its resolver are passed.
     #[arg(long = "workload-dns")]
@@ -324,6 +328,7 @@ fn egress_daemon(args: EgressDaemonArgs) -> anyhow::Result<u8> {
     });
     daemon::run(Options {
         watch,
+        detached: args.detached,
         workload_dns,
         policy,
         id: args.id,

@@ -517,13 +517,22 @@ fn give_back(workload: &File, router: &File, moved: &[Interface]) -> Result<(), 
     })
 }
 
-/// SIGKILLs the daemon if `pid` is still it, and waits (briefly) for it to
-/// be gone.
+/// Ends the daemon if `pid` is still it: it ends by itself once the init
+/// is gone, after writing the flows still open, so it gets a moment for
+/// that before SIGKILL; then waits (briefly) for it to be gone.
 fn kill_daemon(pid: i32, start: Option<u64>) {
     use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;
     if start.is_none() || crate::state::process_start_time(pid) != start {
         return;
+    }
+    let grace = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while !crate::state::process_gone(pid) && std::time::Instant::now() < grace {
+        let _ = nix::sys::wait::waitpid(
+            Pid::from_raw(pid),
+            Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

@@ -26,6 +26,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
 
+pub mod conntrack;
 pub mod daemon;
 pub mod jail;
 pub mod nflog;
@@ -577,7 +578,8 @@ pub fn ruleset(
             .port
             .map(|p| format!(" udp dport {p}"))
             .unwrap_or_else(|| " meta l4proto udp".to_string());
-        let log = format!("log prefix \"{}\" group {group}", nflog::prefix_allowed(i));
+        // Marked, so that the flow's end is written with its bytes.
+        let log = format!("ct mark set {:#x}", conntrack::mark(i));
         match &r.target {
             Target::Net { addr, prefix } => {
                 let family = if addr.is_ipv4() { "ip" } else { "ip6" };
@@ -834,7 +836,7 @@ mod tests {
             "{r}"
         );
         assert!(
-            r.contains("ip daddr @r2_v4 udp dport 123 counter log prefix \"agentvm allow 2\" group 176 accept"),
+            r.contains("ip daddr @r2_v4 udp dport 123 counter ct mark set 0x6f000002 accept"),
             "{r}"
         );
         assert!(r.contains("ip6 daddr @r2_v6 udp dport 123"), "{r}");
@@ -868,7 +870,7 @@ mod tests {
         // TCP rules are judged by the proxy, not listed here.
         assert!(!r.contains("10.1.0.0/16"), "{r}");
         assert!(
-            r.contains("ip daddr 192.0.2.7/32 udp dport 53 counter log prefix \"agentvm allow 1\" group 176 accept"),
+            r.contains("ip daddr 192.0.2.7/32 udp dport 53 counter ct mark set 0x6f000001 accept"),
             "{r}"
         );
         assert!(

@@ -172,6 +172,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         guest_log,
         dns,
         ndp,
+        egress,
     } = booted;
     // From here on the supervisor only relays: jail it before any thread
     // exists, so all of them inherit the jail.
@@ -241,6 +242,9 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         End::Lost => VM_LOST_STATUS,
     };
     vm.kill();
+    if let Some(daemon) = egress {
+        daemon.end();
+    }
     if let Ok(mut log) = shared.guest_log.lock() {
         guest_log::flush(&mut log);
     }
