@@ -858,9 +858,10 @@ fn dns_over_tcp(name: &str) -> Vec<u8> {
 /// proxy, which connects only when the name the client gives (SNI, Host)
 /// is allowed *and* is a name the destination resolved from. Root in the
 /// guest tries to get around it — forged names towards other addresses,
-/// a ClientHello split to hide its name, DNS over TCP, another resolver,
-/// ARP claims, IPv6 link-local — and each attempt fails and is in the
-/// audit trail.
+/// a ClientHello split to hide its name, DNS over TCP (answered by the
+/// policy's resolver: a denied name REFUSED), another resolver, ARP
+/// claims, IPv6 link-local — and each attempt fails and is in the audit
+/// trail.
 #[test]
 fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
     if common::bundle::skip_unless_root() {
@@ -887,6 +888,7 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
             ("sni-denied", tls_hello("denied.test", 1 << 14)),
             ("sni-denied-split", tls_hello("denied.test", 9)),
             ("dns-tcp", dns_over_tcp("denied.test")),
+            ("dns-tcp-allowed", dns_over_tcp("allowed.test")),
             (
                 "host-denied",
                 b"GET / HTTP/1.0\r\nHost: denied.test\r\n\r\n".to_vec(),
@@ -921,7 +923,9 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
         write_script(
             f,
             &ns,
-            &"t() { n=$(nc -w 3 $2 $4 < /data/$3 2>/dev/null | wc -c); \
+            &"q() { c=$(nc -w 3 $2 53 < /data/$3 2>/dev/null | od -An -tu1 -j5 -N1 | tr -d ' '); \
+               [ -n \"$c\" ] && echo \"$1 rcode-$((c & 15))\" || echo \"$1 no-answer\"; }; \
+         t() { n=$(nc -w 3 $2 $4 < /data/$3 2>/dev/null | wc -c); \
                    [ \"$n\" -gt 0 ] && echo \"$1 ok\" || echo \"$1 refused\"; }; \
              nslookup -type=a allowed.test >/dev/null 2>&1 && echo 'lookup ok' || echo 'lookup refused'; \
              for a in 10.231.0.1 10.231.0.3; do timeout -s KILL 2 tftp -g -r x -l /dev/null $a 9999 2>/dev/null; done; \
@@ -932,7 +936,8 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
              t sni-denied 10.231.0.1 sni-denied 8000; \
              t sni-denied-split 10.231.0.1 sni-denied-split 8000; \
              t other-address 10.231.0.3 host-allowed 8000; \
-             t dns-over-tcp 10.231.0.1 dns-tcp 53; \
+             q dns-over-tcp 10.231.0.1 dns-tcp; q dns-over-tcp-allowed 10.231.0.1 dns-tcp-allowed; \
+             q dns-over-tcp-elsewhere 10.231.0.3 dns-tcp-allowed; \
              nslookup denied.test 10.231.0.3 >/dev/null 2>&1 && echo 'other-resolver ok' || echo 'other-resolver refused'; \
              arping -c 2 -U -s 10.231.0.3 -I eth0 10.231.0.1 >/dev/null 2>&1; \
              arping -c 2 -U -s 10.231.0.99 -I eth0 10.231.0.99 >/dev/null 2>&1; \
@@ -974,7 +979,11 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
             ("sni-denied", "refused"),
             ("sni-denied-split", "refused"),
             ("other-address", "refused"),
-            ("dns-over-tcp", "refused"),
+            // DNS over TCP is the policy's resolver's, whatever server
+            // it names: a denied name REFUSED (5), an allowed one answered.
+            ("dns-over-tcp", "rcode-5"),
+            ("dns-over-tcp-allowed", "rcode-0"),
+            ("dns-over-tcp-elsewhere", "rcode-0"),
             ("other-resolver", "refused"),
             ("all-routers", "refused"),
             ("link-local", "refused"),
@@ -1004,7 +1013,6 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
             serde_json::json!({"event": "connection", "verdict": "denied", "name": "denied.test", "name_from": "host"}),
             serde_json::json!({"event": "connection", "verdict": "denied", "name": "denied.test", "name_from": "sni"}),
             serde_json::json!({"event": "connection", "verdict": "denied", "dst": "10.231.0.3", "port": 8000}),
-            serde_json::json!({"event": "connection", "verdict": "denied", "proto": "tcp", "dst": PEER, "port": 53}),
             // A UDP rule naming a host: the jailed daemon added the address
             // the name resolved to, and only that one, to the rule's set.
             serde_json::json!({"event": "connection", "verdict": "allowed", "proto": "udp", "dst": PEER,

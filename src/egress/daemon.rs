@@ -139,6 +139,7 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
             })
             .map_err(DaemonError::Thread)?;
     }
+    let has_dns = opts.dns.is_some();
     let resolvers = [
         opts.dns
             .map(|d| (d, opts.upstream.map(Upstream::At), "egress-dns")),
@@ -162,11 +163,23 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
             })
             .map_err(DaemonError::Thread)?;
     }
+    let dns_over_tcp = has_dns.then(|| {
+        (
+            Shared {
+                rules: rules.clone(),
+                resolved: resolved.clone(),
+                trail: trail.clone(),
+                add: opts.add.clone(),
+            },
+            opts.upstream,
+        )
+    });
     let proxy = Arc::new(Proxy {
         rules: rules.clone(),
         resolved,
         trail: trail.clone(),
         own: opts.own,
+        dns: dns_over_tcp,
     });
     let listener = opts.proxy;
     std::thread::Builder::new()
