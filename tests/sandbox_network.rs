@@ -507,6 +507,69 @@ fn a_bad_or_unsupported_policy_is_refused_and_leaves_nothing() {
     assert_nothing_left(&c, "ct-bad");
 }
 
+/// Under a policy in the container tier, every interface leaves the
+/// workload's namespace, not only the one the router routes: a second veth
+/// to the peer, down and without an address (as a CNI chain could leave
+/// one), is a way out that root in the workload could bring up. It gets
+/// no pair (the policy could not judge it), so the workload cannot use
+/// it, and `delete` gives it back down.
+#[test]
+fn every_interface_leaves_the_workloads_namespace_under_a_policy() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
+    let f = require!(container_in());
+    let ns = Netns::new("ct2nd");
+    ip(&[
+        "-n",
+        &ns.peer,
+        "link",
+        "add",
+        "veth1",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth1",
+        "netns",
+        &ns.container,
+    ]);
+    ip(&[
+        "-n",
+        &ns.peer,
+        "addr",
+        "add",
+        "10.232.0.1/24",
+        "dev",
+        "veth1",
+    ]);
+    ip(&["-n", &ns.peer, "link", "set", "veth1", "up"]);
+    let before = ns.snapshot();
+    write_script(
+        &f,
+        &ns,
+        "ip link set eth1 up && ip addr add 10.232.0.2/24 dev eth1 \
+           && echo 'second-interface up' || echo 'second-interface absent'; \
+         ping -c 1 -W 2 10.232.0.1 >/dev/null 2>&1 && echo 'side-door ok' || echo 'side-door refused'",
+    );
+    let id = "ct-2nd";
+    let out = f.agentvm(&[
+        "--egress",
+        "10.231.0.1:8000",
+        "run",
+        "--bundle",
+        &bundle_arg(&f),
+        id,
+    ]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(said(&out, "second-interface"), "absent", "{out}");
+    assert_eq!(said(&out, "side-door"), "refused", "{out}");
+    assert_nothing_left(&f, id);
+    assert_eq!(ns.snapshot(), before, "the namespace is as it was");
+    let eth1 = ip_out(&["-n", &ns.container, "-o", "link", "show", "eth1"]);
+    assert!(!eth1.contains(",UP"), "eth1 given back down: {eth1}");
+}
+
 /// A namespace shared by two containers of the container tier (a pod's,
 /// or `--network container:`) takes the policy of the first: a second one
 /// with a policy of its own is refused with an error saying so and leaves

@@ -60,6 +60,8 @@ pub enum EgressError {
          egress router already (a shared namespace takes one policy, set on its first container)"
     )]
     AlreadyRouted,
+    #[error("egress policy: interface {link} cannot leave the container's namespace: {source}")]
+    Move { link: String, source: NetlinkError },
     #[error("egress policy: {0}")]
     Router(#[from] router::NetError),
     #[error("egress policy: {0}")]
@@ -96,6 +98,9 @@ fn sys(what: impl Into<String>) -> impl FnOnce(nix::errno::Errno) -> EgressError
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct Record {
     moved: Vec<Interface>,
+    /// Those of them that were down (given back down).
+    #[serde(default)]
+    down: Vec<String>,
     daemon_pid: Option<i32>,
     daemon_start_time: Option<u64>,
 }
@@ -171,8 +176,12 @@ fn unpin(path: &Path) {
     let _ = std::fs::remove_file(path);
 }
 
-/// The interfaces of the calling thread's namespace that the workload
-/// reaches the network through: Ethernet, up, with an IPv4 address.
+/// Every interface of the calling thread's namespace but loopback, as it
+/// is. All of them leave the workload's namespace: one left behind (a
+/// second veth, down, IPv6-only or not Ethernet) would be a way out that
+/// root in the workload could bring up. Those the router cannot route
+/// (down, without IPv4, not Ethernet) get no pair: cut off, as the policy
+/// cannot judge their traffic.
 fn interfaces(nl: &mut Netlink) -> Result<Vec<(Link, Interface)>, EgressError> {
     let links = nl.links()?;
     let addrs = nl.addresses()?;
@@ -182,9 +191,9 @@ fn interfaces(nl: &mut Netlink) -> Result<Vec<(Link, Interface)>, EgressError> {
     }
     let mut out = Vec::new();
     for link in links {
-        let Some(mac) = link.mac.filter(|_| link.ether && link.up && !link.loopback) else {
+        if link.loopback {
             continue;
-        };
+        }
         let mine: Vec<IpNet> = addrs
             .iter()
             .filter(|a| a.index == link.index && a.global)
@@ -193,9 +202,6 @@ fn interfaces(nl: &mut Netlink) -> Result<Vec<(Link, Interface)>, EgressError> {
                 prefix: a.prefix,
             })
             .collect();
-        if !mine.iter().any(|a| a.addr.is_ipv4()) {
-            continue;
-        }
         let mut own: Vec<_> = routes
             .iter()
             .filter(|r| {
@@ -211,7 +217,11 @@ fn interfaces(nl: &mut Netlink) -> Result<Vec<(Link, Interface)>, EgressError> {
         own.sort_by_key(|r| r.gateway.is_some());
         let iface = Interface {
             name: link.name.clone(),
-            mac: netlink::format_mac(&mac),
+            mac: link
+                .mac
+                .as_ref()
+                .map(netlink::format_mac)
+                .unwrap_or_default(),
             mtu: link.mtu,
             addresses: mine,
             routes: own
@@ -290,6 +300,11 @@ fn route(
     let router = new_netns()?;
     let mut record = Record {
         moved: found.iter().map(|(_, i)| i.clone()).collect(),
+        down: found
+            .iter()
+            .filter(|(l, _)| !l.up)
+            .map(|(l, _)| l.name.clone())
+            .collect(),
         ..Default::default()
     };
     // Written before anything moves, so that teardown knows what to undo.
@@ -299,7 +314,11 @@ fn route(
     in_ns(workload, || {
         let mut nl = Netlink::open()?;
         for (link, _) in &found {
-            nl.move_link(link.index, router.as_raw_fd())?;
+            nl.move_link(link.index, router.as_raw_fd())
+                .map_err(|source| EgressError::Move {
+                    link: link.name.clone(),
+                    source,
+                })?;
         }
         Ok(())
     })?;
@@ -331,7 +350,11 @@ fn route(
         if let Some(lo) = links.iter().find(|l| l.loopback) {
             nl.set_link(lo.index, None, None, None, true)?;
         }
-        for iface in &record.moved {
+        for iface in record
+            .moved
+            .iter()
+            .filter(|i| !record.down.contains(&i.name))
+        {
             let link = links
                 .iter()
                 .find(|l| l.name == iface.name)
@@ -350,6 +373,11 @@ fn route(
             &plumbed.sources(sandbox),
         ) {
             plumbed.install_egress(&rules)?;
+        }
+        if plumbed.guest.interfaces.is_empty() {
+            // Nothing the router can route: the workload is cut off, and
+            // no daemon is needed.
+            return Ok((plumbed.guest.clone(), None));
         }
         let dns = if policy.has_names() {
             let listener = UdpSocket::bind(SocketAddr::new(IpAddr::V4(DNS_RELAY), 53))
@@ -379,12 +407,14 @@ fn route(
         .spawn()?;
         let guest = plumbed.guest.clone();
         plumbed.keep();
-        Ok((guest, daemon))
+        Ok((guest, Some(daemon)))
     })?;
-    record.daemon_pid = Some(daemon.id() as i32);
-    record.daemon_start_time = crate::state::process_start_time(daemon.id() as i32);
-    record.save(dir)?;
-    drop(daemon);
+    let workload_dns_port = workload_dns_port.filter(|_| daemon.is_some());
+    if let Some(daemon) = daemon {
+        record.daemon_pid = Some(daemon.id() as i32);
+        record.daemon_start_time = crate::state::process_start_time(daemon.id() as i32);
+        record.save(dir)?;
+    }
 
     in_ns(workload, || {
         let mut nl = Netlink::open()?;
@@ -476,7 +506,7 @@ pub fn teardown(dir: &Path) {
     let workload = File::open(dir.join(WORKLOAD_PIN)).ok();
     let router = File::open(dir.join(ROUTER_PIN)).ok();
     if let (Some(workload), Some(router)) = (&workload, &router) {
-        if let Err(e) = give_back(workload, router, &record.moved) {
+        if let Err(e) = give_back(workload, router, &record.moved, &record.down) {
             tracing::warn!("egress policy: cannot give the container's interfaces back: {e}");
         }
     }
@@ -485,7 +515,12 @@ pub fn teardown(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(RECORD));
 }
 
-fn give_back(workload: &File, router: &File, moved: &[Interface]) -> Result<(), EgressError> {
+fn give_back(
+    workload: &File,
+    router: &File,
+    moved: &[Interface],
+    down: &[String],
+) -> Result<(), EgressError> {
     in_ns(router, || {
         let mut nl = Netlink::open()?;
         // Our pairs first, by their ends here, which the workload cannot
@@ -508,7 +543,7 @@ fn give_back(workload: &File, router: &File, moved: &[Interface]) -> Result<(), 
         let _ = crate::egress::nft::remove();
         let mut nl = Netlink::open()?;
         let links = nl.links()?;
-        for iface in moved {
+        for iface in moved.iter().filter(|i| !down.contains(&i.name)) {
             if let Some(link) = links.iter().find(|l| l.name == iface.name) {
                 netlink::configure_interface(&mut nl, link, iface)?;
             }
