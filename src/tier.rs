@@ -10,7 +10,6 @@
 use std::path::{Path, PathBuf};
 
 use libcgroups::stats::Stats;
-use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use oci_spec::runtime::{LinuxResources, Process};
 
@@ -106,7 +105,9 @@ pub trait Tier {
     fn create(&self, ctx: &Context, req: &CreateRequest) -> Result<()>;
     fn start(&self, ctx: &Context, id: &str) -> Result<()>;
     fn state(&self, ctx: &Context, id: &str) -> Result<RuncState>;
-    fn kill(&self, ctx: &Context, id: &str, signal: Signal, all: bool) -> Result<()>;
+    /// Sends signal number `signal` (0 probes, as `kill(2)`; real-time
+    /// numbers included) to the init, or with `all` to every process.
+    fn kill(&self, ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()>;
     fn delete(&self, ctx: &Context, id: &str, force: bool) -> Result<()>;
     fn pause(&self, ctx: &Context, id: &str) -> Result<()>;
     fn resume(&self, ctx: &Context, id: &str) -> Result<()>;

@@ -5,7 +5,6 @@ use libcgroups::common::{CgroupManager, FreezerState};
 use libcgroups::stats::Stats;
 use libcontainer::container::ContainerStatus;
 use nix::errno::Errno;
-use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use oci_spec::runtime::LinuxResources;
 
@@ -74,7 +73,7 @@ impl tier::Tier for Tier {
         Ok(super::runc_state(&load(ctx, id)?))
     }
 
-    fn kill(&self, ctx: &Context, id: &str, signal: Signal, all: bool) -> tier::Result<()> {
+    fn kill(&self, ctx: &Context, id: &str, signal: i32, all: bool) -> tier::Result<()> {
         let container = load(ctx, id)?;
         let status = container.status();
         if all {
@@ -82,7 +81,7 @@ impl tier::Tier for Tier {
             let cm = cgroup_manager(&container)?;
             let frozen = cm.freeze(FreezerState::Frozen).is_ok();
             for pid in pids(&container)? {
-                match kill(pid, signal) {
+                match crate::signal::send(pid, signal) {
                     Ok(()) | Err(Errno::ESRCH) => {}
                     Err(errno) => {
                         return Err(ContainerError::Signal {
@@ -94,7 +93,7 @@ impl tier::Tier for Tier {
                 }
             }
             // Leave a paused container frozen, unless it is being killed.
-            if frozen && (status != ContainerStatus::Paused || signal == Signal::SIGKILL) {
+            if frozen && (status != ContainerStatus::Paused || signal == libc::SIGKILL) {
                 let _ = cm.freeze(FreezerState::Thawed);
             }
             return Ok(());
@@ -105,7 +104,7 @@ impl tier::Tier for Tier {
         let pid = container
             .pid()
             .ok_or_else(|| status_error(format!("container {id} has no init process")))?;
-        match kill(pid, signal) {
+        match crate::signal::send(pid, signal) {
             Ok(()) | Err(Errno::ESRCH) => {}
             Err(errno) => {
                 return Err(ContainerError::Signal {
@@ -116,7 +115,7 @@ impl tier::Tier for Tier {
             }
         }
         // A frozen task cannot act on SIGKILL: thaw so it dies (runc does too).
-        if status == ContainerStatus::Paused && signal == Signal::SIGKILL {
+        if status == ContainerStatus::Paused && signal == libc::SIGKILL {
             let _ = cgroup_manager(&container)?.freeze(FreezerState::Thawed);
         }
         Ok(())

@@ -2,7 +2,6 @@
 //! command answered by the container's supervisor and its guest.
 
 use libcgroups::stats::Stats;
-use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use oci_spec::runtime::LinuxResources;
 
@@ -51,8 +50,8 @@ impl tier::Tier for Tier {
         Ok(super::state(ctx, id)?)
     }
 
-    fn kill(&self, ctx: &Context, id: &str, signal: Signal, all: bool) -> tier::Result<()> {
-        Ok(super::kill(ctx, id, signal as i32, all)?)
+    fn kill(&self, ctx: &Context, id: &str, signal: i32, all: bool) -> tier::Result<()> {
+        Ok(super::kill(ctx, id, signal, all)?)
     }
 
     fn delete(&self, ctx: &Context, id: &str, force: bool) -> tier::Result<()> {
