@@ -239,6 +239,11 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    tracing::debug!(
+        "agentvm {}: {:?}",
+        env!("CARGO_PKG_VERSION"),
+        std::env::args_os().skip(1).collect::<Vec<_>>()
+    );
     let failed = if matches!(command, Command::Exec(_)) {
         EXEC_FAILED
     } else {
