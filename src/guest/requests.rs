@@ -291,6 +291,7 @@ impl Agent {
             stats.pids = read("pids.current").trim().parse().unwrap_or(0);
             // "max" (no limit) parses to nothing: the guest's RAM bounds it.
             stats.memory_limit_bytes = read("memory.max").trim().parse().unwrap_or(0);
+            stats.oom_kills = crate::events::oom_kill_count(&read("memory.events")).unwrap_or(0);
         }
         Ok(Reply::Stats { stats })
     }
