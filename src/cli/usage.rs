@@ -48,7 +48,8 @@ pub fn command() -> clap::Command {
         let sub = format!(
             "NAME:\n   agentvm {name} - {{about}}\n\nUSAGE:\n   {{usage}}\n\nOPTIONS:\n{{options}}\n"
         );
-        cmd = cmd.mut_subcommand(name, |s| s.help_template(sub));
+        let bin = format!("agentvm {name}");
+        cmd = cmd.mut_subcommand(name, |s| s.help_template(sub).bin_name(bin));
     }
     cmd
 }
@@ -79,7 +80,12 @@ fn refuse(args: &[OsString], cmd: &mut clap::Command, e: &clap::Error) -> ExitCo
         let _ = super::emit(&e.render().to_string());
         return ExitCode::SUCCESS;
     }
-    let sub = subcommand_of(args, cmd);
+    let mut sub = subcommand_of(args, cmd);
+    if e.kind() == ErrorKind::UnknownArgument && before_command(args, e, sub.as_deref()) {
+        // A flag before the command is the application's, as urfave/cli
+        // sees it: `agentvm --bogus list` is not list's error.
+        sub = None;
+    }
     if e.kind() == ErrorKind::InvalidSubcommand {
         let name = context(e, ContextKind::InvalidSubcommand).unwrap_or_default();
         log_error(args, &format!("No help topic for '{name}'"));
@@ -159,6 +165,23 @@ fn context(e: &clap::Error, kind: ContextKind) -> Option<String> {
         ContextValue::String(s) => Some(s.clone()),
         ContextValue::Strings(v) => v.first().cloned(),
         other => Some(other.to_string()),
+    }
+}
+
+/// Whether the argument clap refused comes before the command's name.
+fn before_command(args: &[OsString], e: &clap::Error, sub: Option<&str>) -> bool {
+    let (Some(sub), Some(arg)) = (sub, context(e, ContextKind::InvalidArg)) else {
+        return false;
+    };
+    let flag = arg.split('=').next().unwrap_or_default().to_string();
+    let at =
+        |want: &dyn Fn(&str) -> bool| args.iter().skip(1).position(|a| want(&a.to_string_lossy()));
+    match (
+        at(&|a| a == flag || a.starts_with(&format!("{flag}="))),
+        at(&|a| a == sub),
+    ) {
+        (Some(flag_at), Some(sub_at)) => flag_at < sub_at,
+        _ => false,
     }
 }
 
@@ -242,6 +265,23 @@ mod tests {
         let a = args(&["--root", "/r", "--debug", "--log=/l", "kill", "x"]);
         assert_eq!(subcommand_of(&a, &cmd).as_deref(), Some("kill"));
         assert_eq!(subcommand_of(&args(&["--foo"]), &cmd), None);
+    }
+
+    #[test]
+    fn a_flag_before_the_command_is_the_applications() {
+        let (e, sub, _) = refused(&["--bogus", "list"]);
+        assert_eq!(sub.as_deref(), Some("list"));
+        assert!(before_command(
+            &args(&["--bogus", "list"]),
+            &e,
+            sub.as_deref()
+        ));
+        let (e, sub, _) = refused(&["list", "--bogus"]);
+        assert!(!before_command(
+            &args(&["list", "--bogus"]),
+            &e,
+            sub.as_deref()
+        ));
     }
 
     #[test]
