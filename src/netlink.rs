@@ -13,8 +13,10 @@ use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
     NLM_F_REPLACE, NLM_F_REQUEST,
 };
-use netlink_packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
-use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkLayerType, LinkMessage};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage, AddressScope};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkLayerType, LinkMessage,
+};
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
@@ -66,6 +68,8 @@ pub struct Link {
     pub up: bool,
     pub loopback: bool,
     pub ether: bool,
+    /// `IFLA_IFALIAS`, if set.
+    pub alias: Option<String>,
 }
 
 /// An address on a link.
@@ -285,6 +289,20 @@ impl Netlink {
         Ok(())
     }
 
+    pub fn del_address(&mut self, index: u32, addr: IpAddr, prefix: u8) -> Result<()> {
+        let mut msg = AddressMessage::default();
+        msg.header.family = family_of(addr);
+        msg.header.prefix_len = prefix;
+        msg.header.index = index;
+        msg.attributes.push(AddressAttribute::Address(addr));
+        self.request(
+            "delete an address",
+            RouteNetlinkMessage::DelAddress(msg),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
     pub fn add_address(&mut self, index: u32, addr: IpAddr, prefix: u8) -> Result<()> {
         let mut msg = AddressMessage::default();
         msg.header.family = family_of(addr);
@@ -295,8 +313,13 @@ impl Netlink {
             _ => AddressScope::Universe,
         };
         msg.attributes.push(AddressAttribute::Address(addr));
-        if addr.is_ipv4() {
-            msg.attributes.push(AddressAttribute::Local(addr));
+        match addr {
+            IpAddr::V4(_) => msg.attributes.push(AddressAttribute::Local(addr)),
+            // Docker's and CNI's addresses are theirs already: no duplicate
+            // address detection (it would hold the address back a second).
+            IpAddr::V6(_) => msg
+                .attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad)),
         }
         self.request(
             "add an address",
@@ -354,6 +377,20 @@ impl Netlink {
             NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
         )?;
         Ok(())
+    }
+
+    /// Adds a route unless one to the same destination is there (the
+    /// kernel's own for an address's subnet stays as the kernel made it).
+    pub fn ensure_route(&mut self, route: &Route) -> Result<()> {
+        let msg = Self::route_message(route);
+        match self.request(
+            "add a route",
+            RouteNetlinkMessage::NewRoute(msg),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        ) {
+            Ok(_) => Ok(()),
+            Err(e) => e.unless(libc::EEXIST),
+        }
     }
 
     pub fn del_route(&mut self, route: &Route) -> Result<()> {
@@ -442,6 +479,64 @@ impl Netlink {
         Ok(())
     }
 
+    /// Creates veth pair `name` (here, down) — `peer` with `mac` and `mtu`
+    /// in the namespace open as `peer_netns` (down).
+    pub fn add_veth(
+        &mut self,
+        name: &str,
+        peer: &str,
+        mac: [u8; 6],
+        mtu: u32,
+        peer_netns: std::os::fd::RawFd,
+    ) -> Result<()> {
+        let mut other = LinkMessage::default();
+        other
+            .attributes
+            .push(LinkAttribute::IfName(peer.to_string()));
+        other.attributes.push(LinkAttribute::Address(mac.to_vec()));
+        other.attributes.push(LinkAttribute::Mtu(mtu));
+        other.attributes.push(LinkAttribute::NetNsFd(peer_netns));
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        msg.attributes.push(LinkAttribute::Mtu(mtu));
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(other))),
+        ]));
+        self.request(
+            "create a veth pair",
+            RouteNetlinkMessage::NewLink(msg),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )?;
+        Ok(())
+    }
+
+    /// Sets link `index`'s alias (`IFLA_IFALIAS`).
+    pub fn set_alias(&mut self, index: u32, alias: &str) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes
+            .push(LinkAttribute::IfAlias(alias.to_string()));
+        self.request(
+            "set a link's alias",
+            RouteNetlinkMessage::SetLink(msg),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
+    /// Deletes link `index` (a veth takes its peer with it).
+    pub fn del_link(&mut self, index: u32) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        self.request(
+            "delete a link",
+            RouteNetlinkMessage::DelLink(msg),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
     pub fn del_proxy_neighbour(&mut self, index: u32, addr: IpAddr) -> Result<()> {
         let msg = proxy_neighbour(index, addr);
         self.request(
@@ -451,6 +546,40 @@ impl Netlink {
         )?;
         Ok(())
     }
+}
+
+/// Gives `link` an interface's name, MTU, addresses and routes (main
+/// table), and sets it up. The link's MAC is the interface's already.
+pub fn configure_interface(
+    nl: &mut Netlink,
+    link: &Link,
+    iface: &crate::protocol::Interface,
+) -> Result<()> {
+    let rename = (link.name != iface.name).then_some(iface.name.as_str());
+    nl.set_link(link.index, rename, None, Some(iface.mtu), true)?;
+    for a in &iface.addresses {
+        nl.add_address(link.index, a.addr, a.prefix)?;
+    }
+    for r in &iface.routes {
+        // The kernel made the route of each address's own subnet.
+        let own_subnet = r.gateway.is_none()
+            && iface
+                .addresses
+                .iter()
+                .any(|a| a.prefix == r.dst.prefix && network(a.addr, a.prefix) == r.dst.addr);
+        if own_subnet {
+            continue;
+        }
+        nl.ensure_route(&Route {
+            table: TABLE_MAIN,
+            dst: r.dst.addr,
+            prefix: r.dst.prefix,
+            gateway: r.gateway,
+            oif: Some(link.index),
+            kind: RouteKind::Unicast,
+        })?;
+    }
+    Ok(())
 }
 
 fn proxy_neighbour(index: u32, addr: IpAddr) -> NeighbourMessage {
@@ -484,11 +613,13 @@ fn link_of(l: &LinkMessage) -> Link {
         up: l.header.flags.contains(LinkFlags::Up),
         loopback: l.header.flags.contains(LinkFlags::Loopback),
         ether: l.header.link_layer_type == LinkLayerType::Ether,
+        alias: None,
     };
     for a in &l.attributes {
         match a {
             LinkAttribute::IfName(n) => link.name = n.clone(),
             LinkAttribute::Mtu(m) => link.mtu = *m,
+            LinkAttribute::IfAlias(a) => link.alias = Some(a.clone()),
             LinkAttribute::Address(mac) => link.mac = <[u8; 6]>::try_from(mac.as_slice()).ok(),
             _ => {}
         }
@@ -580,6 +711,26 @@ pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
     parts.next().is_none().then_some(mac)
 }
 
+/// The network `addr`/`prefix` is in (its host bits cleared).
+pub fn network(addr: IpAddr, prefix: u8) -> IpAddr {
+    match addr {
+        IpAddr::V4(a) => {
+            let bits = u32::from(a);
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(prefix.min(32)))
+                .unwrap_or(0);
+            IpAddr::V4((bits & mask).into())
+        }
+        IpAddr::V6(a) => {
+            let bits = u128::from(a);
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(prefix.min(128)))
+                .unwrap_or(0);
+            IpAddr::V6((bits & mask).into())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -621,5 +772,16 @@ mod tests {
                 "{routes:?}"
             );
         }
+    }
+
+    #[test]
+    fn networks_clear_host_bits() {
+        let n = |a: &str, p| network(a.parse().unwrap(), p).to_string();
+        assert_eq!(n("10.231.0.2", 24), "10.231.0.0");
+        assert_eq!(n("10.231.0.2", 0), "0.0.0.0");
+        assert_eq!(n("10.231.0.2", 32), "10.231.0.2");
+        assert_eq!(n("fd00:231::2", 64), "fd00:231::");
+        assert_eq!(n("fd00:231::2", 128), "fd00:231::2");
+        assert_eq!(n("fd00:231::2", 0), "::");
     }
 }

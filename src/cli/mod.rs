@@ -168,6 +168,13 @@ pub struct EgressDaemonArgs {
     /// The namespace's service addresses, never a destination.
     #[arg(long = "own")]
     pub own: Vec<std::net::IpAddr>,
+    /// A pidfd is passed: the daemon ends when that process does.
+    #[arg(long)]
+    pub watch: bool,
+    /// A resolver socket in the workload's namespace and a pool of
+    /// sockets connected to its resolver are passed.
+    #[arg(long = "workload-dns")]
+    pub workload_dns: bool,
 }
 
 #[derive(Args, Debug)]
@@ -322,7 +329,29 @@ fn egress_daemon(args: EgressDaemonArgs) -> anyhow::Result<u8> {
     let proxy = unsafe { std::net::TcpListener::from_raw_fd(daemon::PROXY_FD) };
     let add: crate::egress::resolver::AddElements =
         std::sync::Arc::new(|elements: &str| crate::egress::nft::apply(elements).is_ok());
+    let watch = args.watch.then(|| {
+        // SAFETY: the parent passes a pidfd as this descriptor when it
+        // says --watch, and nothing else here owns it.
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(daemon::WATCH_FD) }
+    });
+    let workload_dns = args.workload_dns.then(|| {
+        let take = |fd| {
+            // SAFETY: the parent passes these UDP sockets as descriptors
+            // WORKLOAD_DNS_FD.. when it says --workload-dns; nothing else
+            // here owns them.
+            unsafe { std::net::UdpSocket::from_raw_fd(fd) }
+        };
+        let pool = (1..=daemon::POOL_SIZE)
+            .map(|i| take(daemon::WORKLOAD_DNS_FD + i))
+            .collect();
+        (
+            take(daemon::WORKLOAD_DNS_FD),
+            std::sync::Arc::new(crate::egress::resolver::SocketPool::new(pool)),
+        )
+    });
     daemon::run(Options {
+        watch,
+        workload_dns,
         policy,
         id: args.id,
         audit: args.audit,

@@ -28,6 +28,8 @@ pub struct CreateOptions {
     pub stdin: Option<OwnedFd>,
     pub stdout: Option<OwnedFd>,
     pub stderr: Option<OwnedFd>,
+    /// An egress policy other than `allow`, and the audit trail.
+    pub egress: Option<(crate::egress::Policy, PathBuf)>,
 }
 
 /// Creates the container; on any failure removes what was made for it. The
@@ -36,13 +38,14 @@ pub fn create(
     ctx: &Context,
     id: &str,
     bundle: &Bundle,
-    opts: CreateOptions,
+    mut opts: CreateOptions,
 ) -> Result<Container, ContainerError> {
     // Before libcontainer starts anything: it ignores SELinux labels, and
     // its init changes to the cwd before it waits for `start`.
     lsm::check_spec(&bundle.spec, lsm::selinux_enabled())?;
     cwd::ensure(&bundle.spec, &bundle.rootfs)?;
     let dir = ctx.container_dir(id);
+    let egress = opts.egress.take();
     let result = {
         let _helpers = MapHelpers::install(&bundle.spec, &ctx.root)?;
         build(ctx, id, bundle, opts)
@@ -52,6 +55,12 @@ pub fn create(
             if let Err(e) = fix_up(&container, bundle) {
                 discard(ctx, id, &container);
                 return Err(e);
+            }
+            if let Some((policy, audit)) = &egress {
+                if let Err(e) = enforce(&container, bundle, policy, audit) {
+                    discard(ctx, id, &container);
+                    return Err(e);
+                }
             }
             let record = Record {
                 isolation: Isolation::Container,
@@ -110,16 +119,21 @@ fn build(
         .map_err(lc_error)
 }
 
-/// What libcontainer left out, done while the init waits for `start`: the
-/// mounts' flags and propagation, loopback in a new network namespace, and
-/// the terminal's size.
-fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> {
-    let pid = container
+/// The created container's init.
+fn init_pid(container: &Container) -> Result<i32, ContainerError> {
+    Ok(container
         .pid()
         .ok_or_else(|| {
             ContainerError::Libcontainer("the created container has no init pid".into())
         })?
-        .as_raw();
+        .as_raw())
+}
+
+/// What libcontainer left out, done while the init waits for `start`: the
+/// mounts' flags and propagation, loopback in a new network namespace, and
+/// the terminal's size.
+fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> {
+    let pid = init_pid(container)?;
     fixup::apply(pid, &fixup::plan(&bundle.spec))?;
     if fixup::new_network_namespace(&bundle.spec) {
         fixup::loopback_up(pid)?;
@@ -127,6 +141,27 @@ fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> 
     if let Some((rows, cols)) = console::wanted(bundle.spec.process().as_ref())? {
         console::apply_to_init(pid, rows, cols)?;
     }
+    Ok(())
+}
+
+/// Puts the created container behind its egress policy's router, before
+/// its workload can send a packet.
+fn enforce(
+    container: &Container,
+    bundle: &Bundle,
+    policy: &crate::egress::Policy,
+    audit: &std::path::Path,
+) -> Result<(), ContainerError> {
+    let pid = init_pid(container)?;
+    super::egress::enforce(
+        &container.root,
+        container.id(),
+        pid,
+        &bundle.spec,
+        &bundle.rootfs,
+        policy,
+        audit,
+    )?;
     Ok(())
 }
 

@@ -35,6 +35,9 @@ pub fn delete(container: &mut Container, force: bool) -> Result<(), ContainerErr
         }
     }
     container.set_status(ContainerStatus::Stopped);
+    // Before the state directory goes: the router's namespaces are pinned
+    // there.
+    super::egress::teardown(&container.root);
 
     let config = container.spec().ok();
     if config.is_some() {

@@ -24,6 +24,7 @@ pub mod console;
 pub mod create;
 pub mod cwd;
 pub mod delete;
+pub mod egress;
 pub mod exec;
 pub mod fixup;
 pub mod foreground;
@@ -64,6 +65,8 @@ pub enum ContainerError {
     Tty(#[from] tty::TtyError),
     #[error(transparent)]
     Delete(#[from] delete::DeleteError),
+    #[error(transparent)]
+    Egress(#[from] egress::EgressError),
     /// A command that needs another status than the container's.
     #[error("{0}")]
     Status(String),

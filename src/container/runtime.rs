@@ -13,7 +13,7 @@ use super::tty::{ConsoleSocket, Relay};
 use super::{cgroup_manager, foreground, lc_error, load, pids, status_str, ContainerError};
 use crate::config::Isolation;
 use crate::context::Context;
-use crate::tier::{self, CreateRequest, ExecRequest, OomWatch, ProcessTable, RuncState, TierError};
+use crate::tier::{self, CreateRequest, ExecRequest, OomWatch, ProcessTable, RuncState};
 
 /// Containers on the host kernel: namespaces, cgroups, seccomp, capabilities.
 pub struct Tier;
@@ -28,15 +28,8 @@ impl tier::Tier for Tier {
     }
 
     fn create(&self, ctx: &Context, req: &CreateRequest) -> tier::Result<()> {
-        if !req.egress.is_allow() {
-            return Err(TierError::unsupported(
-                "an egress policy",
-                Isolation::Container,
-                " yet (it needs the workload's own network namespace behind the one Docker or \
-                 CNI gives the container); the microvm tier enforces it",
-            ));
-        }
         let opts = CreateOptions {
+            egress: (!req.egress.is_allow()).then(|| (req.egress.clone(), ctx.config.audit.path())),
             pid_file: req.pid_file.map(Into::into),
             console_socket: req.console_socket.map(Into::into),
             preserve_fds: req.preserve_fds,

@@ -16,11 +16,12 @@
 //! keep denying.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::proxy::{Proxy, Resolved};
-use super::resolver::{AddElements, Shared};
+use super::resolver::{AddElements, Shared, SocketPool, Upstream};
 use super::trail::Trail;
 use super::{Policy, PolicyError};
 
@@ -28,6 +29,15 @@ use super::{Policy, PolicyError};
 pub const DNS_FD: i32 = 3;
 /// The proxy's TCP listener.
 pub const PROXY_FD: i32 = 4;
+/// A pidfd of the process whose life the daemon's is (`--watch`).
+pub const WATCH_FD: i32 = 5;
+/// The workload namespace's resolver socket (`--workload-dns`), followed
+/// by [`POOL_SIZE`] sockets connected to the resolver there.
+pub const WORKLOAD_DNS_FD: i32 = 6;
+/// Queries to the workload namespace's resolver at once.
+pub const POOL_SIZE: i32 = 8;
+/// The first descriptor the daemon does not inherit.
+pub const FIRST_UNUSED_FD: i32 = WORKLOAD_DNS_FD + 1 + POOL_SIZE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -56,6 +66,12 @@ pub struct Options {
     /// The namespace's service addresses (never a destination).
     pub own: Vec<IpAddr>,
     pub add: AddElements,
+    /// The daemon ends, without an error, when this pidfd's process does.
+    pub watch: Option<OwnedFd>,
+    /// A second resolver, in the container tier's workload namespace, for
+    /// the queries to a resolver on its loopback (Docker's embedded DNS),
+    /// which it reaches through the pool's sockets.
+    pub workload_dns: Option<(UdpSocket, Arc<SocketPool>)>,
 }
 
 /// Runs until a part stops (which is an error: they serve forever).
@@ -70,8 +86,21 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
     // is seen.
     let log = super::nflog::open()?;
     // Everything it opens with privilege is open: jail it.
-    super::jail::enter(rules.iter().any(super::resolver::has_sets))?;
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<DaemonError>();
+    super::jail::enter(
+        rules.iter().any(super::resolver::has_sets),
+        opts.watch.is_none(),
+    )?;
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Option<DaemonError>>();
+    if let Some(pidfd) = opts.watch {
+        let done = done_tx.clone();
+        std::thread::Builder::new()
+            .name("egress-watch".into())
+            .spawn(move || {
+                wait_readable(&pidfd);
+                let _ = done.send(None);
+            })
+            .map_err(DaemonError::Thread)?;
+    }
 
     {
         let (rules, trail, done) = (rules.clone(), trail.clone(), done_tx.clone());
@@ -79,24 +108,30 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
             .name("egress-log".into())
             .spawn(move || {
                 if let Err(e) = super::nflog::serve(log, &rules, &trail) {
-                    let _ = done.send(e.into());
+                    let _ = done.send(Some(e.into()));
                 }
             })
             .map_err(DaemonError::Thread)?;
     }
-    if let Some(dns) = opts.dns {
+    let resolvers = [
+        opts.dns
+            .map(|d| (d, opts.upstream.map(Upstream::At), "egress-dns")),
+        opts.workload_dns
+            .map(|(d, pool)| (d, Some(Upstream::Pool(pool)), "egress-dns-in")),
+    ];
+    for (dns, upstream, name) in resolvers.into_iter().flatten() {
         let shared = Shared {
             rules: rules.clone(),
             resolved: resolved.clone(),
             trail: trail.clone(),
             add: opts.add.clone(),
         };
-        let (upstream, done) = (opts.upstream, done_tx.clone());
+        let done = done_tx.clone();
         std::thread::Builder::new()
-            .name("egress-dns".into())
+            .name(name.into())
             .spawn(move || {
                 if let Err(e) = super::resolver::serve(shared, dns, upstream) {
-                    let _ = done.send(e.into());
+                    let _ = done.send(Some(e.into()));
                 }
             })
             .map_err(DaemonError::Thread)?;
@@ -112,14 +147,32 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
         .name("egress-proxy".into())
         .spawn(move || {
             if let Err(e) = proxy.serve(listener) {
-                let _ = done_tx.send(DaemonError::Proxy(e));
+                let _ = done_tx.send(Some(DaemonError::Proxy(e)));
             }
         })
         .map_err(DaemonError::Thread)?;
     match done_rx.recv() {
-        Ok(e) => Err(e),
+        Ok(Some(e)) => Err(e),
+        Ok(None) => Ok(()),
         // Every sender gone without a word: cannot happen while the proxy
         // thread lives, as it holds one.
         Err(_) => Ok(()),
+    }
+}
+
+/// Blocks until `fd` (a pidfd: its process exited) is readable.
+fn wait_readable(fd: &OwnedFd) {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd, for the duration of the call.
+        let rc = unsafe { libc::poll(&mut p, 1, -1) };
+        if rc > 0 || (rc < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
+        {
+            return;
+        }
     }
 }

@@ -118,17 +118,21 @@ const FOR_NFT: &[&str] = &[
 ];
 
 /// Enters the jail; `nft` when the daemon must be able to run `nft`.
-/// The parent-death signal is set again (a change of user clears it), and
-/// the daemon ends if its parent is already gone.
-pub fn enter(nft: bool) -> Result<(), JailError> {
+/// With `with_parent` (the microVM's supervisor's daemon) the
+/// parent-death signal is set again (a change of user clears it), and the
+/// daemon ends if its parent is already gone; a detached daemon (the
+/// container tier's, which outlives `create`) watches its init instead.
+pub fn enter(nft: bool, with_parent: bool) -> Result<(), JailError> {
     // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
     jail::become_user(DAEMON_UID)?;
-    // SAFETY: prctl(PR_SET_PDEATHSIG, SIGKILL) takes no pointers.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
-    // SAFETY: as above.
-    if unsafe { libc::getppid() } != parent {
-        std::process::exit(0);
+    if with_parent {
+        // SAFETY: prctl(PR_SET_PDEATHSIG, SIGKILL) takes no pointers.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+        // SAFETY: as above.
+        if unsafe { libc::getppid() } != parent {
+            std::process::exit(0);
+        }
     }
     let keep: &[caps::Capability] = if nft {
         &[caps::Capability::CAP_NET_ADMIN]
@@ -162,7 +166,7 @@ mod tests {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
-            let code = match enter(nft) {
+            let code = match enter(nft, true) {
                 Ok(()) => f(),
                 Err(e) => {
                     eprintln!("{e}");

@@ -19,7 +19,7 @@
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
@@ -209,11 +209,106 @@ pub struct Shared {
     pub add: AddElements,
 }
 
+/// Where allowed queries go.
+#[derive(Debug, Clone)]
+pub enum Upstream {
+    /// A resolver the daemon's namespace reaches: a socket of its own per
+    /// query.
+    At(SocketAddr),
+    /// A resolver only another namespace reaches — Docker's embedded DNS,
+    /// on loopback in the container tier's workload namespace — through
+    /// sockets opened there, connected to it, for the daemon.
+    Pool(Arc<SocketPool>),
+}
+
+/// Connected UDP sockets lent to one query at a time.
+#[derive(Debug)]
+pub struct SocketPool {
+    free: Mutex<Vec<UdpSocket>>,
+    returned: Condvar,
+}
+
+impl SocketPool {
+    pub fn new(sockets: Vec<UdpSocket>) -> SocketPool {
+        SocketPool {
+            free: Mutex::new(sockets),
+            returned: Condvar::new(),
+        }
+    }
+
+    /// A socket, waiting up to `wait` for one; what a late answer to its
+    /// last query left in it is dropped first.
+    fn take(self: &Arc<Self>, wait: Duration) -> Option<Lent> {
+        let deadline = Instant::now() + wait;
+        let mut free = self.free.lock().ok()?;
+        loop {
+            if let Some(sock) = free.pop() {
+                drop(free);
+                drain(&sock);
+                return Some(Lent {
+                    sock: Some(sock),
+                    pool: self.clone(),
+                });
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            free = self.returned.wait_timeout(free, left).ok()?.0;
+        }
+    }
+}
+
+fn drain(sock: &UdpSocket) {
+    let mut buf = [0u8; 512];
+    if sock.set_nonblocking(true).is_ok() {
+        while sock.recv(&mut buf).is_ok() {}
+        let _ = sock.set_nonblocking(false);
+    }
+}
+
+/// A pool's socket, back in the pool when dropped.
+struct Lent {
+    sock: Option<UdpSocket>,
+    pool: Arc<SocketPool>,
+}
+
+impl std::ops::Deref for Lent {
+    type Target = UdpSocket;
+    fn deref(&self) -> &UdpSocket {
+        // Only `drop` takes it out.
+        self.sock.as_ref().unwrap_or_else(|| unreachable!())
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let (Some(sock), Ok(mut free)) = (self.sock.take(), self.pool.free.lock()) {
+            free.push(sock);
+            self.pool.returned.notify_one();
+        }
+    }
+}
+
+/// A socket connected to `upstream` for one query.
+fn upstream_socket(upstream: &Upstream) -> Option<Box<dyn std::ops::Deref<Target = UdpSocket>>> {
+    match upstream {
+        Upstream::At(addr) => {
+            let any: SocketAddr = if addr.is_ipv4() {
+                ([0, 0, 0, 0], 0).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+            };
+            let sock = UdpSocket::bind(any).ok()?;
+            sock.connect(addr).ok()?;
+            Some(Box::new(Box::new(sock)))
+        }
+        Upstream::Pool(pool) => Some(Box::new(pool.take(UPSTREAM_TIMEOUT)?)),
+    }
+}
+
 /// The resolver's loop: queries on `listener`, answers from `upstream`.
 pub fn serve(
     shared: Shared,
     listener: UdpSocket,
-    upstream: Option<SocketAddr>,
+    upstream: Option<Upstream>,
 ) -> Result<(), ResolverError> {
     let rules = shared.rules.clone();
     let listener = Arc::new(listener);
@@ -244,7 +339,7 @@ pub fn serve(
                     });
             }
             Decision::Forward { name, rules: which } => {
-                let Some(upstream) = upstream else {
+                let Some(upstream) = upstream.clone() else {
                     if let Ok(msg) = Message::from_vec(&query) {
                         let _ = listener.send_to(&reply_code(&msg, ResponseCode::ServFail), client);
                     }
@@ -257,7 +352,7 @@ pub fn serve(
                 let (listener, in_flight, shared) =
                     (listener.clone(), in_flight.clone(), shared.clone());
                 std::thread::spawn(move || {
-                    forward(&query, &name, &which, upstream, client, &listener, &shared);
+                    forward(&query, &name, &which, &upstream, client, &listener, &shared);
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                 });
             }
@@ -269,24 +364,16 @@ fn forward(
     query: &[u8],
     name: &str,
     rules: &[usize],
-    upstream: SocketAddr,
+    upstream: &Upstream,
     client: SocketAddr,
     listener: &UdpSocket,
     shared: &Shared,
 ) {
     let id = u16::from_be_bytes([query[0], query[1]]);
-    let any: SocketAddr = if upstream.is_ipv4() {
-        ([0, 0, 0, 0], 0).into()
-    } else {
-        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    let Ok(sock) = UdpSocket::bind(any) else {
+    let Some(sock) = upstream_socket(upstream) else {
         return;
     };
-    if sock.connect(upstream).is_err()
-        || sock.set_read_timeout(Some(UPSTREAM_TIMEOUT)).is_err()
-        || sock.send(query).is_err()
-    {
+    if sock.set_read_timeout(Some(UPSTREAM_TIMEOUT)).is_err() || sock.send(query).is_err() {
         return;
     }
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
@@ -503,7 +590,7 @@ mod tests {
             }),
         };
         let (resolved, trail) = (shared.resolved.clone(), shared.trail.clone());
-        std::thread::spawn(move || serve(shared, listener, Some(up_addr)));
+        std::thread::spawn(move || serve(shared, listener, Some(Upstream::At(up_addr))));
         let client = UdpSocket::bind("127.0.0.1:0").unwrap();
         client
             .set_read_timeout(Some(Duration::from_secs(5)))

@@ -18,7 +18,7 @@ use nix::mount::{mount, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 
 use super::AGENT_DIR;
-use crate::netlink::{self, Netlink, NetlinkError, Route, RouteKind, TABLE_MAIN};
+use crate::netlink::{self, Netlink, NetlinkError};
 use crate::protocol::{DnsRelay, Network};
 
 #[derive(Debug, thiserror::Error)]
@@ -143,21 +143,7 @@ fn configure_inside(network: &Network, macs: &[[u8; 6]]) -> Result<(), NetError>
             .iter()
             .find(|l| l.mac.as_ref() == Some(mac))
             .ok_or_else(|| NetError::Invalid(format!("NIC {} did not move", iface.mac)))?;
-        let rename = (link.name != iface.name).then_some(iface.name.as_str());
-        nl.set_link(link.index, rename, None, Some(iface.mtu), true)?;
-        for a in &iface.addresses {
-            nl.add_address(link.index, a.addr, a.prefix)?;
-        }
-        for r in &iface.routes {
-            nl.add_route(&Route {
-                table: TABLE_MAIN,
-                dst: r.dst.addr,
-                prefix: r.dst.prefix,
-                gateway: r.gateway,
-                oif: Some(link.index),
-                kind: RouteKind::Unicast,
-            })?;
-        }
+        netlink::configure_interface(&mut nl, link, iface)?;
     }
     if let Some(dns) = &network.dns {
         start_dns_relay(dns)?;

@@ -24,7 +24,7 @@ pub mod client;
 pub mod exec;
 pub mod host;
 pub mod initramfs;
-pub mod net;
+pub use crate::router as net;
 
 mod runtime;
 pub mod sock;

@@ -164,6 +164,8 @@ pub struct Booted {
     pub guest_log: guest_log::GuestLog,
     /// The host side of the DNS relay, started once the jail is on.
     pub dns: Option<super::net::HostDnsRelay>,
+    /// IPv6 neighbour answers on the taps, started once the jail is on.
+    pub ndp: Vec<crate::ndp::NdpProxy>,
 }
 
 fn boot(args: &Args) -> Result<Booted, SupervisorError> {
@@ -195,22 +197,13 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         super::net::resolv_conf(&spec, &state.rootfs).as_deref(),
         dns_mode,
         !egress.is_allow(),
+        super::net::Sandbox::Taps,
     )?;
     for w in &plumbed.warnings {
         tracing::warn!("container {}: {w}", state.id);
     }
     // Before the guest exists, so its first packet meets them.
-    let sources: Vec<crate::egress::Source> = plumbed
-        .guest
-        .interfaces
-        .iter()
-        .enumerate()
-        .map(|(i, iface)| crate::egress::Source {
-            side: format!("{}{i}", super::net::TAP_PREFIX),
-            mac: iface.mac.clone(),
-            addrs: iface.addresses.iter().map(|a| a.addr).collect(),
-        })
-        .collect();
+    let sources = plumbed.sources(super::net::Sandbox::Taps);
     if let Some(rules) = crate::egress::ruleset(
         &egress,
         super::net::TAP_PREFIX,
@@ -228,14 +221,19 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
                 super::net::DnsMode::Resolver => plumbed.dns.take(),
                 _ => None,
             };
-            Some(super::net::spawn_egress_daemon(
-                &state.egress,
-                &state.id,
-                &args.config.audit.path(),
-                dns,
-                proxy,
-                dir,
-            )?)
+            Some(
+                super::net::EgressDaemon {
+                    policy: &state.egress,
+                    id: &state.id,
+                    audit: &args.config.audit.path(),
+                    dns,
+                    proxy,
+                    run_dir: dir,
+                    life: super::net::DaemonLife::WithParent,
+                    workload_dns: None,
+                }
+                .spawn()?,
+            )
         }
         None => None,
     };
@@ -362,7 +360,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     };
     // QEMU holds the taps now.
     drop(config);
-    let (dns, restore) = plumbed.keep();
+    let super::net::Kept { dns, ndp, restore } = plumbed.keep();
     state.netns = super::spec::netns_path(&spec);
     state.net_restore = restore;
     state.status = Status::Created;
@@ -377,6 +375,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         cli,
         guest_log,
         dns,
+        ndp,
     })
 }
 

@@ -171,6 +171,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         cli,
         guest_log,
         dns,
+        ndp,
     } = booted;
     // From here on the supervisor only relays: jail it before any thread
     // exists, so all of them inherit the jail.
@@ -182,6 +183,9 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
     }
     if let Some(relay) = dns {
         relay.spawn();
+    }
+    for proxy in ndp {
+        proxy.spawn();
     }
     let (events_tx, events) = mpsc::channel();
     let writer = match guest.try_clone() {
