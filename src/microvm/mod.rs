@@ -156,6 +156,7 @@ fn start_supervisor(
         annotations: bundle.spec.annotations().clone().unwrap_or_default(),
         cgroup_path: PathBuf::new(),
         exit_status: None,
+        oom_kills: None,
         accel: String::new(),
         paused: false,
         vcpus: 0,

@@ -21,7 +21,17 @@ struct GuestOom {
 
 impl OomWatch for GuestOom {
     fn kills(&mut self, ctx: &Context) -> tier::Result<u64> {
-        Ok(super::stats(ctx, &self.id)?.oom_kills)
+        match super::stats(ctx, &self.id) {
+            Ok(stats) => Ok(stats.oom_kills),
+            Err(e) => {
+                // Once the VM has ended, the count its supervisor kept.
+                let state = VmState::load(&ctx.container_dir(&self.id))?;
+                match (state.effective_status(), state.oom_kills) {
+                    (super::vmstate::Status::Stopped, Some(kills)) => Ok(kills),
+                    _ => Err(e.into()),
+                }
+            }
+        }
     }
 }
 

@@ -7,7 +7,49 @@ use serde_json::{json, Value};
 
 use super::{CaseFn, Ctx};
 
-pub const CASES: &[(&str, CaseFn)] = &[("events-stats", stats), ("events-oom", oom)];
+pub const CASES: &[(&str, CaseFn)] = &[
+    ("events-stats", stats),
+    ("events-oom", oom),
+    ("events-oom-init", oom_init),
+];
+
+/// A shell loop that grows a string until the OOM killer ends it.
+const HOG: &str = "x=0123456789abcdef; while :; do x=$x$x; done";
+
+/// A bundle whose memory cgroup (at `cgroupsPath`) allows 16 MiB.
+fn limited(ctx: &mut Ctx, id: &str) -> Result<crate::bundle::Bundle> {
+    let mut b = ctx.bundle()?;
+    b.set("/linux/cgroupsPath", json!(ctx.cgroup_path(id)));
+    let limit = 16 << 20;
+    let memory = match super::cgroups::swap_supported() {
+        true => json!({"limit": limit, "swap": limit}),
+        false => json!({"limit": limit}),
+    };
+    b.set("/linux/resources/memory", memory);
+    Ok(b)
+}
+
+/// Waits up to 10 s for `events` to print `{"type":"oom","id":ID}`, then
+/// ends the stream; returns whether it did and what it printed.
+fn wait_for_oom(events: crate::runtime::Pending, id: &str) -> (bool, String) {
+    let want = json!({"type": "oom", "id": id});
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let seen = loop {
+        let now = events.stdout_now();
+        let hit = now
+            .lines()
+            .any(|l| serde_json::from_str::<Value>(l).is_ok_and(|v| v == want));
+        if hit || Instant::now() >= deadline {
+            break (hit, now);
+        }
+        crate::reaper::tick(Duration::from_millis(50));
+    };
+    let mut events = events;
+    // runc's stream runs until delete; it is not needed further.
+    let _ = events.child.kill();
+    let _ = events.wait(Duration::from_secs(5));
+    seen
+}
 
 /// Every field name of runc 1.1's `types.Stats` (types/events.go), and of
 /// agentvm's addition `egress`; the keys of `memory.raw` and `hugetlb` are
@@ -179,43 +221,49 @@ fn stats(ctx: &mut Ctx) -> Result<()> {
 
 fn oom(ctx: &mut Ctx) -> Result<()> {
     let id = ctx.id();
-    let mut b = ctx.bundle()?;
-    b.set("/linux/cgroupsPath", json!(ctx.cgroup_path(&id)));
-    let limit = 16 << 20;
-    let memory = match super::cgroups::swap_supported() {
-        true => json!({"limit": limit, "swap": limit}),
-        false => json!({"limit": limit}),
-    };
-    b.set("/linux/resources/memory", memory);
+    let mut b = limited(ctx, &id)?;
     ctx.start_sleeper_as(&mut b, &id)?;
     let events = ctx.rt.spawn(&["events", "--interval", "1h", &id])?;
     // Time to take the count as it is before the kill.
     crate::reaper::tick(Duration::from_millis(500));
-    let hog = "x=0123456789abcdef; while :; do x=$x$x; done";
-    let out = ctx.rt.run(&["exec", &id, "/bin/sh", "-c", hog])?;
+    let out = ctx.rt.run(&["exec", &id, "/bin/sh", "-c", HOG])?;
     ctx.check(
         "a process over the limit is killed (137)",
         out.code == Some(137),
         || out.describe(),
     );
-    let want = json!({"type": "oom", "id": id});
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let seen = loop {
-        let now = events.stdout_now();
-        let hit = now
-            .lines()
-            .any(|l| serde_json::from_str::<Value>(l).is_ok_and(|v| v == want));
-        if hit || Instant::now() >= deadline {
-            break (hit, now);
-        }
-        crate::reaper::tick(Duration::from_millis(50));
-    };
-    let mut events = events;
-    // The stream runs until the container stops; it is not needed further.
-    let _ = events.child.kill();
-    let _ = events.wait(Duration::from_secs(5));
-    ctx.check("events: the OOM kill as {type: oom, id}", seen.0, || {
-        format!("events wrote {:?}", seen.1)
+    let (hit, printed) = wait_for_oom(events, &id);
+    ctx.check("events: the OOM kill as {type: oom, id}", hit, || {
+        format!("events wrote {printed:?}")
     });
+    Ok(())
+}
+
+/// The OOM killer ends the init itself: the kill is reported although the
+/// container stops with it.
+fn oom_init(ctx: &mut Ctx) -> Result<()> {
+    let id = ctx.id();
+    let mut b = limited(ctx, &id)?;
+    // The init waits for /go, so that events watches before the kill.
+    let script = format!("while [ ! -e /go ]; do sleep 0.1; done; {HOG}");
+    b.args(&["/bin/sh", "-c", &script]);
+    b.write()?;
+    let out = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
+    anyhow::ensure!(out.success(), "create: {}", out.describe());
+    let out = ctx.rt.run(&["start", &id])?;
+    anyhow::ensure!(out.success(), "start: {}", out.describe());
+    let events = ctx.rt.spawn(&["events", "--interval", "1h", &id])?;
+    crate::reaper::tick(Duration::from_millis(500));
+    std::fs::write(b.rootfs().join("go"), "")?;
+    let st = ctx.wait_status(&id, "stopped");
+    ctx.check("the init over the limit is killed", st.is_ok(), || {
+        super::show(&st)
+    });
+    let (hit, printed) = wait_for_oom(events, &id);
+    ctx.check(
+        "events: the init's OOM kill as {type: oom, id}",
+        hit,
+        || format!("events wrote {printed:?}"),
+    );
     Ok(())
 }
