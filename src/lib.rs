@@ -16,6 +16,7 @@ pub mod container;
 pub mod context;
 pub mod dns_relay;
 pub mod egress;
+pub mod events;
 pub mod guest;
 pub mod jail;
 pub mod logging;

@@ -1,6 +1,7 @@
 //! Runtime log: plain text or runc's JSON lines (`level`, `msg`, `time`),
 //! which containerd's shim reads back to report why a command failed.
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -28,6 +29,17 @@ struct RuncLayer {
     sink: Sink,
     format: LogFormat,
     max: Level,
+    /// The libraries' messages already written by this process.
+    seen: Mutex<HashSet<String>>,
+}
+
+/// Distinct library messages remembered per process; past this (a long
+/// supervisor with --debug) they are written again rather than kept.
+const MAX_SEEN: usize = 4096;
+
+/// Whether an event is agentvm's own (not libcontainer's or libcgroups').
+fn ours(metadata: &tracing::Metadata<'_>) -> bool {
+    metadata.target().starts_with("agentvm")
 }
 
 #[derive(Default)]
@@ -69,7 +81,7 @@ impl<S: Subscriber> Layer<S> for RuncLayer {
         // Libraries (libcontainer, libcgroups) report through their errors,
         // which reach the log once at the CLI edge; their own log lines are
         // only wanted with --debug.
-        if !metadata.target().starts_with("agentvm") && self.max < Level::DEBUG {
+        if !ours(metadata) && self.max < Level::DEBUG {
             return false;
         }
         *metadata.level() <= self.max
@@ -79,10 +91,28 @@ impl<S: Subscriber> Layer<S> for RuncLayer {
         let mut fields = Fields::default();
         event.record(&mut fields);
         let msg = format!("{}{}", fields.msg, fields.rest);
-        let level = level_name(event.metadata().level());
+        let mut level = level_name(event.metadata().level());
+        if !ours(event.metadata()) {
+            // A library's line is debug detail whatever its level, written
+            // once per process: libcgroups warns about every controller the
+            // host lacks each time a cgroup manager is made, several times
+            // a command, and the failures that matter reach the log once
+            // as agentvm's error.
+            level = level_name(&Level::DEBUG);
+            let first = self
+                .seen
+                .lock()
+                .map(|mut seen| seen.len() >= MAX_SEEN || seen.insert(msg.clone()))
+                .unwrap_or(true);
+            if !first {
+                return;
+            }
+        }
         let line = match self.format {
             LogFormat::Json => {
-                let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
+                // runc's (logrus') JSON fields and time format (RFC 3339,
+                // seconds), which containerd's go-runc reads back.
+                let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
                 let mut s =
                     serde_json::json!({ "level": level, "msg": msg, "time": time }).to_string();
                 s.push('\n');
@@ -118,7 +148,12 @@ pub fn init(log: Option<&Path>, format: LogFormat, debug: bool) -> std::io::Resu
     };
     let to_file = matches!(sink, Sink::File(_));
     let max = if debug { Level::DEBUG } else { Level::WARN };
-    let layer = RuncLayer { sink, format, max };
+    let layer = RuncLayer {
+        sink,
+        format,
+        max,
+        seen: Mutex::new(HashSet::new()),
+    };
     // A second init (tests) is harmless: the first subscriber stays.
     let _ = tracing_subscriber::registry().with(layer).try_init();
     Ok(LogGuard { to_file })

@@ -9,8 +9,6 @@
 
 use std::path::{Path, PathBuf};
 
-use libcgroups::stats::Stats;
-use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use oci_spec::runtime::{LinuxResources, Process};
 
@@ -96,6 +94,13 @@ pub enum ProcessTable {
     Guest(Vec<GuestProcess>),
 }
 
+/// The OOM-kill count of one container.
+pub trait OomWatch {
+    /// How many processes of the container the kernel's OOM killer has
+    /// killed since it was created; an error once that cannot be read.
+    fn kills(&mut self, ctx: &Context) -> Result<u64>;
+}
+
 /// One isolation tier. Each method is one runc command on an existing
 /// container (but `create`), called with the container's lock held as the
 /// command needs it.
@@ -106,7 +111,9 @@ pub trait Tier {
     fn create(&self, ctx: &Context, req: &CreateRequest) -> Result<()>;
     fn start(&self, ctx: &Context, id: &str) -> Result<()>;
     fn state(&self, ctx: &Context, id: &str) -> Result<RuncState>;
-    fn kill(&self, ctx: &Context, id: &str, signal: Signal, all: bool) -> Result<()>;
+    /// Sends signal number `signal` (0 probes, as `kill(2)`; real-time
+    /// numbers included) to the init, or with `all` to every process.
+    fn kill(&self, ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()>;
     fn delete(&self, ctx: &Context, id: &str, force: bool) -> Result<()>;
     fn pause(&self, ctx: &Context, id: &str) -> Result<()>;
     fn resume(&self, ctx: &Context, id: &str) -> Result<()>;
@@ -115,8 +122,12 @@ pub trait Tier {
     fn host_pids(&self, ctx: &Context, id: &str) -> Result<Vec<i32>>;
     /// What `ps` shows as a table.
     fn process_table(&self, ctx: &Context, id: &str, ps_args: &[String]) -> Result<ProcessTable>;
-    /// One stats sample; `None` once the container has stopped.
-    fn stats(&self, ctx: &Context, id: &str) -> Result<Option<Stats>>;
+    /// One stats sample in runc's shape; `None` once the container has
+    /// stopped.
+    fn stats(&self, ctx: &Context, id: &str) -> Result<Option<crate::events::Stats>>;
+    /// A counter of the container's OOM kills, opened while it runs, for
+    /// `events` to report each new one as runc does (`{"type":"oom"}`).
+    fn oom_watch(&self, ctx: &Context, id: &str) -> Result<Box<dyn OomWatch>>;
     fn update(&self, ctx: &Context, id: &str, resources: &LinuxResources) -> Result<()>;
     /// Runs a process in the container; in the foreground, returns its exit
     /// status as a shell reports it, detached 0.

@@ -178,16 +178,17 @@ fn container_tier_execs_are_audited_printed_counted_and_exported() {
     let id = common::unique_name("audit-ct");
 
     assert!(f.create(&id).success(), "create");
-    // Before start: refused, and the line says why.
-    let out = f.agentvm(&["exec", &id, "true"]);
+    // A refused exec (as runc, a created container takes execs; this
+    // program does not exist): the line says why.
+    let out = f.agentvm(&["exec", &id, "/no/such/program"]);
     assert_ne!(out.code, 0, "{out}");
-    let refused = wait_for_exec(&f, &id, &["true"]);
+    let refused = wait_for_exec(&f, &id, &["/no/such/program"]);
     assert!(refused.get("exit").is_none(), "{refused}");
     assert!(
         refused["error"]
             .as_str()
             .unwrap_or("")
-            .contains("not running"),
+            .contains("not found"),
         "{refused}"
     );
     f.agentvm(&["start", &id]).ok();

@@ -253,14 +253,14 @@ fn lifecycle_with_exec_inside_the_guest() {
     assert_eq!(event["type"], "stats", "{events}");
     assert_eq!(event["id"], id, "{events}");
     assert!(
-        event["data"]["memory"]["memory"]["usage"]
+        event["data"]["memory"]["usage"]["usage"]
             .as_u64()
             .unwrap_or(0)
             > 0,
         "no memory use reported: {events}"
     );
     assert_eq!(
-        event["data"]["memory"]["memory"]["limit"],
+        event["data"]["memory"]["usage"]["limit"],
         100 << 20,
         "the limit set by update: {events}"
     );

@@ -69,7 +69,7 @@ pub fn create_container(
     if args.preserve_fds < 0 {
         anyhow::bail!("--preserve-fds must not be negative");
     }
-    let pid_file = args.pid_file.as_deref().map(absolute).transpose()?;
+    let pid_file = super::pid_file(args.pid_file.as_deref())?;
     let console_socket = args.console_socket.as_deref().map(absolute).transpose()?;
     let _root_lock = state::lock_root(&ctx.root)?;
     if ctx.container_dir(id).exists() {

@@ -1,6 +1,9 @@
-//! `agentvm events`: the container's resource statistics as runc's event
-//! lines, `{"type":"stats","id":...,"data":{...}}`, once with `--stats` or
-//! every `--interval` until the container stops.
+//! `agentvm events`: runc's event lines. With `--stats`, one
+//! `{"type":"stats","id":...,"data":{...}}` and exit; otherwise a stats line
+//! every `--interval` (the first after one interval, as runc's ticker) and
+//! an `{"type":"oom","id":...}` line for each OOM kill in the container,
+//! until the container stops. The stats are runc 1.1's fields
+//! (`crate::events::Stats`).
 //!
 //! Beside runc's figures, `data.egress` adds up the container's connection
 //! lines in the audit file (`allowed`, `denied` with the attempts a line
@@ -8,12 +11,17 @@
 //! what each interval appended.
 
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::audit::read::Tally;
+use crate::audit::read::{EgressCounts, Tally};
 use crate::context::Context;
+use crate::events::Event;
 use crate::state::{lock_container, LockMode};
+use crate::tier::{OomWatch, Tier};
 use clap::Args;
+
+/// How often the OOM-kill count is read between stats samples.
+const OOM_POLL: Duration = Duration::from_millis(100);
 
 #[derive(Args, Debug)]
 pub struct EventsArgs {
@@ -26,74 +34,184 @@ pub struct EventsArgs {
     pub id: String,
 }
 
-/// One event line, fields in runc's order.
-#[derive(serde::Serialize)]
-struct Event<'a, T> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    id: &'a str,
-    data: T,
-}
-
+/// A duration as runc takes `--interval` (Go's `time.ParseDuration`): one
+/// or more decimal numbers, each with a unit `ns`, `us`, `µs`, `ms`, `s`,
+/// `m` or `h` (`5s`, `1.5s`, `1h30m`, `250ms`); it must be above zero.
 fn parse_interval(s: &str) -> anyhow::Result<Duration> {
     let bad = || anyhow::anyhow!("invalid --interval {s:?}: expected a duration like 5s or 500ms");
-    let d = if let Some(ms) = s.strip_suffix("ms") {
-        Duration::from_millis(ms.parse().map_err(|_| bad())?)
-    } else if let Some(m) = s.strip_suffix('m') {
-        Duration::from_secs(m.parse::<u64>().map_err(|_| bad())?.saturating_mul(60))
-    } else {
-        Duration::from_secs(
-            s.strip_suffix('s')
-                .unwrap_or(s)
-                .parse()
-                .map_err(|_| bad())?,
-        )
-    };
-    if d.is_zero() {
-        return Err(bad());
+    let mut rest = s;
+    let mut nanos: f64 = 0.0;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let (num, tail) = rest.split_at(num_len);
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let value: f64 = num.parse().map_err(|_| bad())?;
+        let scale = match unit {
+            "ns" => 1e0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            _ => return Err(bad()),
+        };
+        nanos += value * scale;
+        rest = tail;
     }
-    Ok(d)
+    if !(nanos >= 1.0 && nanos < u64::MAX as f64) {
+        return Err(anyhow::anyhow!(
+            "invalid --interval {s:?}: duration interval must be greater than 0"
+        ));
+    }
+    Ok(Duration::from_nanos(nanos as u64))
 }
 
 pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
     let interval = parse_interval(&args.interval)?;
     let (tier, _) = super::open(ctx, &args.id, None)?;
-    let mut out = std::io::stdout().lock();
-    let audit = ctx.config.audit.path();
-    let mut tally = Tally::new(&audit, &args.id);
+    let id = args.id.as_str();
+    let not_running = || anyhow::anyhow!("container with id {id} is not running");
+    if tier.state(ctx, id)?.status == "stopped" {
+        return Err(not_running());
+    }
+    let mut out = Lines(std::io::stdout().lock());
+    let mut tally = Tally::new(&ctx.config.audit.path(), id);
+    if args.stats {
+        let stats = sample(ctx, tier.as_ref(), id, &mut tally)?.ok_or_else(not_running)?;
+        out.put(&stats_event(id, stats));
+        return Ok(());
+    }
+    let mut oom = match tier.oom_watch(ctx, id) {
+        Ok(mut watch) => watch.kills(ctx).ok().map(|seen| (watch, seen)),
+        Err(e) => {
+            tracing::warn!("container {id}: OOM kills are not reported: {e}");
+            None
+        }
+    };
+    let mut next = Instant::now() + interval;
     loop {
-        let stats = {
-            let _lock = lock_container(&ctx.root, &args.id, LockMode::Shared)?;
-            tier.stats(ctx, &args.id)?
-        };
-        let Some(stats) = stats else {
-            if args.stats {
-                anyhow::bail!("container {} is not running", args.id);
-            }
+        if !report_ooms(ctx, id, &mut oom, &mut out) {
             return Ok(());
-        };
-        let mut data = serde_json::to_value(stats)?;
-        match tally.update() {
-            Ok(counts) => {
-                if let Some(map) = data.as_object_mut() {
-                    map.insert("egress".to_string(), serde_json::to_value(counts)?);
+        }
+        if Instant::now() >= next {
+            next += interval;
+            match sample(ctx, tier.as_ref(), id, &mut tally) {
+                Ok(Some(stats)) => {
+                    if !out.put(&stats_event(id, stats)) {
+                        return Ok(());
+                    }
                 }
+                Ok(None) => break,
+                // As runc: a failed sample is logged and the stream goes on.
+                Err(e) => tracing::error!("{e:#}"),
             }
-            Err(e) => tracing::warn!("no egress counts: cannot read {}: {e}", audit.display()),
+        } else if tier.state(ctx, id).map_or(true, |s| s.status == "stopped") {
+            break;
         }
-        let line = serde_json::to_string(&Event {
-            kind: "stats",
-            id: &args.id,
-            data,
-        })?;
-        // A reader that went away (e.g. `| head`) ends the stream quietly.
-        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
-            return Ok(());
+        let wait = next.saturating_duration_since(Instant::now());
+        std::thread::sleep(if oom.is_some() {
+            wait.min(OOM_POLL)
+        } else {
+            wait
+        });
+    }
+    // A kill that ended the container is counted before it is seen stopped.
+    report_ooms(ctx, id, &mut oom, &mut out);
+    Ok(())
+}
+
+/// Stdout, one JSON line per event; `put` is false once the reader has
+/// gone away (e.g. `| head`), which ends the stream quietly.
+struct Lines<W: Write>(W);
+
+impl<W: Write> Lines<W> {
+    fn put(&mut self, event: &impl serde::Serialize) -> bool {
+        let Ok(line) = serde_json::to_string(event) else {
+            return false;
+        };
+        writeln!(self.0, "{line}")
+            .and_then(|_| self.0.flush())
+            .is_ok()
+    }
+}
+
+/// Prints one `oom` event per kill counted since the last look; false when
+/// stdout has gone away.
+fn report_ooms<W: Write>(
+    ctx: &Context,
+    id: &str,
+    oom: &mut Option<(Box<dyn OomWatch>, u64)>,
+    out: &mut Lines<W>,
+) -> bool {
+    let Some((watch, seen)) = oom else {
+        return true;
+    };
+    // A count that cannot be read now (a microVM shutting down) may be
+    // read on the next look, or at the end from what the tier kept.
+    let Ok(kills) = watch.kills(ctx) else {
+        return true;
+    };
+    for _ in *seen..kills {
+        let event = Event::<()> {
+            kind: "oom",
+            id,
+            data: None,
+        };
+        if !out.put(&event) {
+            return false;
         }
-        if args.stats {
-            return Ok(());
+    }
+    *seen = kills.max(*seen);
+    true
+}
+
+/// The data of a `stats` event: runc's fields in runc's order, then ours.
+#[derive(serde::Serialize)]
+struct StatsData {
+    #[serde(flatten)]
+    stats: crate::events::Stats,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    egress: Option<EgressCounts>,
+}
+
+/// The data of one `stats` event, with the egress counts; `None` once
+/// stopped.
+fn sample(
+    ctx: &Context,
+    tier: &dyn Tier,
+    id: &str,
+    tally: &mut Tally,
+) -> anyhow::Result<Option<StatsData>> {
+    let stats = {
+        let _lock = lock_container(&ctx.root, id, LockMode::Shared)?;
+        tier.stats(ctx, id)?
+    };
+    let Some(stats) = stats else {
+        return Ok(None);
+    };
+    let egress = match tally.update() {
+        Ok(counts) => Some(counts),
+        Err(e) => {
+            tracing::warn!(
+                "no egress counts: cannot read {}: {e}",
+                ctx.config.audit.path().display()
+            );
+            None
         }
-        std::thread::sleep(interval);
+    };
+    Ok(Some(StatsData { stats, egress }))
+}
+
+fn stats_event(id: &str, data: StatsData) -> Event<'_, StatsData> {
+    Event {
+        kind: "stats",
+        id,
+        data: Some(data),
     }
 }
 
@@ -104,10 +222,16 @@ mod tests {
     #[test]
     fn intervals() {
         assert_eq!(parse_interval("5s").unwrap(), Duration::from_secs(5));
-        assert_eq!(parse_interval("7").unwrap(), Duration::from_secs(7));
         assert_eq!(parse_interval("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_interval("1m").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_interval("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_interval("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_interval("10us").unwrap(), Duration::from_micros(10));
+        // As Go's ParseDuration: a number needs its unit.
+        assert!(parse_interval("7").is_err());
         assert!(parse_interval("0s").is_err());
+        assert!(parse_interval("").is_err());
         assert!(parse_interval("soon").is_err());
+        assert!(parse_interval("5x").is_err());
     }
 }

@@ -131,7 +131,12 @@ fn process_from_flags(config: &Path, args: &ExecArgs) -> anyhow::Result<Process>
     Ok(p)
 }
 
+/// `agentvm exec`; every failure reads `exec failed: ...`, as runc's.
 pub fn run(ctx: &Context, args: ExecArgs) -> anyhow::Result<u8> {
+    exec(ctx, args).context("exec failed")
+}
+
+fn exec(ctx: &Context, args: ExecArgs) -> anyhow::Result<u8> {
     let (tier, _) = super::open(ctx, &args.id, None)?;
     let process = match &args.process {
         Some(p) => process_from_file(p)?,
@@ -141,7 +146,7 @@ pub fn run(ctx: &Context, args: ExecArgs) -> anyhow::Result<u8> {
         }
     };
     let console_socket = args.console_socket.as_deref().map(absolute).transpose()?;
-    let pid_file = args.pid_file.as_deref().map(absolute).transpose()?;
+    let pid_file = super::pid_file(args.pid_file.as_deref())?;
     super::create::ensure_audit_exporter(ctx);
     let result = tier.exec(
         ctx,
@@ -166,18 +171,67 @@ pub fn run(ctx: &Context, args: ExecArgs) -> anyhow::Result<u8> {
             crate::audit::exec::event(&process, None, Some(&why), None),
         );
     }
-    result.with_context(|| format!("cannot exec in container {}", args.id))
+    Ok(result?)
 }
 
-/// Reads and checks a `--process` file.
+/// Reads and checks a `--process` file. As in runc, a process without
+/// `user` runs as uid 0, gid 0 (the zero value of runc's `User`); `cwd` and
+/// `args` must be given.
 fn process_from_file(p: &Path) -> anyhow::Result<Process> {
     let path = absolute(p)?;
     let text = std::fs::read(&path)
         .with_context(|| format!("cannot read process file {}", path.display()))?;
-    let process: Process = serde_json::from_slice(&text)
-        .with_context(|| format!("invalid process file {}", path.display()))?;
+    let invalid = || format!("invalid process file {}", path.display());
+    let mut value: serde_json::Value = serde_json::from_slice(&text).with_context(invalid)?;
+    let Some(fields) = value.as_object_mut() else {
+        anyhow::bail!("{}: not a JSON object", invalid());
+    };
+    let user = fields
+        .entry("user")
+        .or_insert_with(|| serde_json::json!({}));
+    if let Some(user) = user.as_object_mut() {
+        user.entry("uid").or_insert(0.into());
+        user.entry("gid").or_insert(0.into());
+    }
+    if fields
+        .get("cwd")
+        .and_then(|c| c.as_str())
+        .is_none_or(str::is_empty)
+    {
+        anyhow::bail!("process file {}: cwd must not be empty", path.display());
+    }
+    let process: Process = serde_json::from_value(value).with_context(invalid)?;
     if process.args().as_ref().is_none_or(|a| a.is_empty()) {
         anyhow::bail!("process file {}: args must not be empty", path.display());
     }
     Ok(process)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> anyhow::Result<Process> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("process.json");
+        std::fs::write(&p, text).expect("write");
+        process_from_file(&p)
+    }
+
+    #[test]
+    fn a_process_without_user_is_root() {
+        let p = file(r#"{"args":["/bin/id"],"cwd":"/"}"#).expect("accepted");
+        assert_eq!((p.user().uid(), p.user().gid()), (0, 0));
+        let p = file(r#"{"args":["/bin/id"],"cwd":"/","user":{"uid":7}}"#).expect("accepted");
+        assert_eq!((p.user().uid(), p.user().gid()), (7, 0));
+    }
+
+    #[test]
+    fn cwd_and_args_are_required() {
+        let e = file(r#"{"args":["/bin/id"]}"#).expect_err("no cwd");
+        assert!(format!("{e:#}").contains("cwd must not be empty"), "{e:#}");
+        let e = file(r#"{"args":[],"cwd":"/"}"#).expect_err("no args");
+        assert!(format!("{e:#}").contains("args must not be empty"), "{e:#}");
+        assert!(file("[]").is_err());
+    }
 }

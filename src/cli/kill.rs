@@ -11,8 +11,8 @@ pub struct KillArgs {
     #[arg(short, long)]
     pub all: bool,
     pub id: String,
-    /// Signal name or number (default SIGTERM)
-    #[arg(default_value = "SIGTERM")]
+    /// Signal name or number (default SIGTERM); 0 checks the container runs
+    #[arg(default_value = "SIGTERM", allow_negative_numbers = true)]
     pub signal: String,
 }
 

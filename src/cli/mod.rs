@@ -32,6 +32,7 @@ pub mod spec;
 pub mod start;
 pub mod state;
 pub mod update;
+pub mod usage;
 
 /// Default state directory, as runc's `/run/runc`.
 pub const DEFAULT_ROOT: &str = "/run/agentvm";
@@ -198,31 +199,45 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// The three-line version output, in runc's shape.
+/// The version output, in runc's shape: `agentvm version X`, `commit:`,
+/// `spec:` and the `libseccomp:` linked in (runc also prints `go:`).
 pub fn version_text() -> String {
+    let seccomp = match libseccomp::ScmpVersion::current() {
+        Ok(v) => format!("{}.{}.{}", v.major, v.minor, v.micro),
+        Err(e) => format!("unknown ({e})"),
+    };
     format!(
-        "agentvm version {}\ncommit: {}\nspec: {}\n",
+        "agentvm version {}\ncommit: {}\nspec: {}\nlibseccomp: {seccomp}\n",
         env!("CARGO_PKG_VERSION"),
         option_env!("AGENTVM_COMMIT").unwrap_or("unknown"),
         oci_spec::runtime::VERSION,
     )
 }
 
+/// runc's exit status of a failed `exec` (a foreground exec otherwise exits
+/// with its process's status, so a failure to start it must not look like
+/// a status of 1).
+const EXEC_FAILED: u8 = 255;
+
 /// The command line's entry: parse, log, dispatch, and turn an error into
-/// one line and exit status 1.
+/// one log line and exit status 1 (255 for `exec`), as runc does.
 pub fn main() -> ExitCode {
     // SIGPIPE stays ignored (Rust's default) so that a hook that exits
     // without reading its state, or a closed stdout, is an error we handle
     // rather than our death; workloads get the default back right before
     // their exec (see container::workload).
-    let cli = Cli::parse();
+    let cli = match usage::parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     if cli.global.version {
         print!("{}", version_text());
         return ExitCode::SUCCESS;
     }
     let Some(command) = cli.command else {
-        eprintln!("agentvm: no command given; see 'agentvm --help'");
-        return ExitCode::from(1);
+        // As runc: no command shows the help.
+        usage::print_help();
+        return ExitCode::SUCCESS;
     };
     let guard = match crate::logging::init(
         cli.global.log.as_deref(),
@@ -235,15 +250,27 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    tracing::debug!(
+        "agentvm {}: {:?}",
+        env!("CARGO_PKG_VERSION"),
+        std::env::args_os().skip(1).collect::<Vec<_>>()
+    );
+    let failed = if matches!(command, Command::Exec(_)) {
+        EXEC_FAILED
+    } else {
+        1
+    };
     match dispatch(&cli.global, command) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             let msg = format!("{err:#}");
             tracing::error!("{msg}");
-            if guard.to_file || cli.global.log_format == LogFormat::Json {
-                eprintln!("agentvm: {msg}");
+            // As runc: a log that is not stderr gets the line, and stderr
+            // the bare message.
+            if guard.to_file {
+                eprintln!("{msg}");
             }
-            ExitCode::from(1)
+            ExitCode::from(failed)
         }
     }
 }
@@ -361,6 +388,27 @@ fn context(global: &GlobalOpts) -> anyhow::Result<Context> {
         log: global.log.as_ref().map(|p| absolute(p)).transpose()?,
         log_json: global.log_format == LogFormat::Json,
     })
+}
+
+/// A `--pid-file` made absolute. runc writes it as `<dir>/.<name>` and
+/// renames it, so a directory that does not exist fails the command; that
+/// is checked here, before anything starts (libcontainer would only warn
+/// after the process runs, and the caller would wait for a pid that never
+/// comes).
+pub fn pid_file(path: Option<&std::path::Path>) -> anyhow::Result<Option<PathBuf>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let path = absolute(path).context("cannot read the current directory")?;
+    let dir = path.parent().unwrap_or(std::path::Path::new("/"));
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "cannot write pid file {}: directory {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
+    Ok(Some(path))
 }
 
 /// The one place the command line picks a tier for an existing container:

@@ -21,11 +21,11 @@ pub struct UpdateArgs {
     pub blkio_weight: Option<u16>,
     #[arg(long = "cpu-period")]
     pub cpu_period: Option<u64>,
-    #[arg(long = "cpu-quota")]
+    #[arg(long = "cpu-quota", allow_negative_numbers = true)]
     pub cpu_quota: Option<i64>,
     #[arg(long = "cpu-rt-period")]
     pub cpu_rt_period: Option<u64>,
-    #[arg(long = "cpu-rt-runtime")]
+    #[arg(long = "cpu-rt-runtime", allow_negative_numbers = true)]
     pub cpu_rt_runtime: Option<i64>,
     #[arg(long = "cpu-share")]
     pub cpu_share: Option<u64>,
@@ -33,17 +33,17 @@ pub struct UpdateArgs {
     pub cpuset_cpus: Option<String>,
     #[arg(long = "cpuset-mems")]
     pub cpuset_mems: Option<String>,
-    #[arg(long = "memory")]
+    #[arg(long = "memory", allow_negative_numbers = true)]
     pub memory: Option<String>,
-    #[arg(long = "memory-reservation")]
+    #[arg(long = "memory-reservation", allow_negative_numbers = true)]
     pub memory_reservation: Option<String>,
-    #[arg(long = "memory-swap")]
+    #[arg(long = "memory-swap", allow_negative_numbers = true)]
     pub memory_swap: Option<String>,
-    #[arg(long = "kernel-memory")]
+    #[arg(long = "kernel-memory", allow_negative_numbers = true)]
     pub kernel_memory: Option<String>,
-    #[arg(long = "kernel-memory-tcp")]
+    #[arg(long = "kernel-memory-tcp", allow_negative_numbers = true)]
     pub kernel_memory_tcp: Option<String>,
-    #[arg(long = "pids-limit")]
+    #[arg(long = "pids-limit", allow_negative_numbers = true)]
     pub pids_limit: Option<i64>,
     #[arg(long = "l3-cache-schema")]
     pub l3_cache_schema: Option<String>,
@@ -52,27 +52,43 @@ pub struct UpdateArgs {
     pub id: String,
 }
 
-/// Parses sizes as runc does: a number with an optional k/m/g/t suffix
-/// (binary units), or -1 for unlimited.
+/// Parses a size as runc does (docker/go-units' `RAMInBytes`): `-1` for
+/// unlimited, else a decimal number, an optional space, an optional binary
+/// unit k, m, g, t or p, an optional `i` and an optional `b`, in any case
+/// (`1g`, `1.5G`, `512 MiB`, `1024`).
 pub fn parse_size(s: &str) -> anyhow::Result<i64> {
-    let t = s.trim().to_ascii_lowercase();
-    if t == "-1" {
+    if s == "-1" {
         return Ok(-1);
     }
-    let t = t.strip_suffix('b').unwrap_or(&t);
-    let (num, mult) = match t.chars().last() {
-        Some('k') => (&t[..t.len() - 1], 1i64 << 10),
-        Some('m') => (&t[..t.len() - 1], 1 << 20),
-        Some('g') => (&t[..t.len() - 1], 1 << 30),
-        Some('t') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
+    let bad = || anyhow::anyhow!("invalid size: '{s}'");
+    let digits = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(digits);
+    if num.is_empty() || !num.starts_with(|c: char| c.is_ascii_digit()) || num.ends_with('.') {
+        return Err(bad());
+    }
+    // What follows the number: ` ?([kmgtp])?i?b?`, case aside.
+    let mut rest = unit.strip_prefix(' ').unwrap_or(unit).chars().peekable();
+    let shift = match rest.peek().map(char::to_ascii_lowercase) {
+        Some(c @ ('k' | 'm' | 'g' | 't' | 'p')) => {
+            rest.next();
+            10 * (1 + "kmgtp".find(c).unwrap_or(0) as u32)
+        }
+        _ => 0,
     };
-    let n: i64 = num
-        .parse()
-        .map_err(|_| anyhow::anyhow!("invalid size {s:?}"))?;
-    n.checked_mul(mult)
-        .filter(|v| *v >= 0)
-        .ok_or_else(|| anyhow::anyhow!("invalid size {s:?}"))
+    rest.next_if(|c| c.eq_ignore_ascii_case(&'i'));
+    rest.next_if(|c| c.eq_ignore_ascii_case(&'b'));
+    if rest.next().is_some() {
+        return Err(bad());
+    }
+    let value: f64 = num.parse().map_err(|_| bad())?;
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes >= i64::MAX as f64 {
+        return Err(bad());
+    }
+    // Truncated as Go's int64(float64) conversion does.
+    Ok(bytes as i64)
 }
 
 fn read_resources(path: &PathBuf) -> anyhow::Result<LinuxResources> {
@@ -93,20 +109,25 @@ fn merge_flags(args: &UpdateArgs, mut r: LinuxResources) -> anyhow::Result<Linux
         anyhow::bail!("Intel RDT updates (--l3-cache-schema, --mem-bw-schema) are not supported");
     }
     let mut mem = (*r.memory()).unwrap_or_default();
-    let size = |o: &Option<String>| o.as_deref().map(parse_size).transpose();
-    if let Some(v) = size(&args.memory)? {
+    let size = |flag: &str, o: &Option<String>| {
+        o.as_deref()
+            .map(parse_size)
+            .transpose()
+            .with_context(|| format!("invalid value for {flag}"))
+    };
+    if let Some(v) = size("memory", &args.memory)? {
         mem.set_limit(Some(v));
     }
-    if let Some(v) = size(&args.memory_reservation)? {
+    if let Some(v) = size("memory-reservation", &args.memory_reservation)? {
         mem.set_reservation(Some(v));
     }
-    if let Some(v) = size(&args.memory_swap)? {
+    if let Some(v) = size("memory-swap", &args.memory_swap)? {
         mem.set_swap(Some(v));
     }
-    if let Some(v) = size(&args.kernel_memory)? {
+    if let Some(v) = size("kernel-memory", &args.kernel_memory)? {
         mem.set_kernel(Some(v));
     }
-    if let Some(v) = size(&args.kernel_memory_tcp)? {
+    if let Some(v) = size("kernel-memory-tcp", &args.kernel_memory_tcp)? {
         mem.set_kernel_tcp(Some(v));
     }
     if mem != LinuxMemoryBuilder::default().build()? {
@@ -168,12 +189,30 @@ mod tests {
     use super::parse_size;
 
     #[test]
-    fn sizes() {
+    fn sizes_as_runc_takes_them() {
         assert_eq!(parse_size("64m").unwrap(), 64 << 20);
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1gb").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1.5g").unwrap(), 3 << 29);
+        assert_eq!(parse_size("512 M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1p").unwrap(), 1 << 50);
         assert_eq!(parse_size("1024").unwrap(), 1024);
         assert_eq!(parse_size("-1").unwrap(), -1);
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("-5").is_err());
+        // The pattern's optional parts alone, as go-units' regex allows.
+        assert_eq!(parse_size("1 ").unwrap(), 1);
+        assert_eq!(parse_size("2b").unwrap(), 2);
+        assert_eq!(parse_size("2i").unwrap(), 2);
+    }
+
+    #[test]
+    fn sizes_runc_refuses() {
+        for s in [
+            "lots", "-5", "-2", "", "g", "1x", "1.", ".5g", "1  g", "1e3", "1gg", "99999p",
+        ] {
+            assert!(parse_size(s).is_err(), "{s:?} accepted");
+        }
+        let e = parse_size("-2").unwrap_err();
+        assert_eq!(e.to_string(), "invalid size: '-2'");
     }
 }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use libcontainer::container::builder::ContainerBuilder;
-use libcontainer::container::ContainerStatus;
+use libcontainer::container::{ContainerStatus, State};
 use libcontainer::syscall::syscall::SyscallType;
 use nix::unistd::Pid;
 use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompAction, Process, Spec};
@@ -33,27 +33,43 @@ pub struct ExecOptions {
     pub sub_cgroup: Option<String>,
 }
 
+/// runc's refusal of an exec into a paused container.
+pub const PAUSED: &str = "cannot exec in a paused container (use --ignore-paused to override)";
+/// runc's refusal of an exec into a stopped container.
+pub const STOPPED: &str = "cannot exec in a stopped container";
+
 /// Starts a process in the container's namespaces; returns its pid.
 pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, ContainerError> {
     let container = super::load(ctx, id)?;
-    let runnable = match container.status() {
-        ContainerStatus::Running => true,
-        ContainerStatus::Paused => opts.ignore_paused,
-        _ => false,
-    };
-    if !runnable {
-        return Err(ContainerError::NotRunning {
-            id: id.to_string(),
-            status: super::status_str(container.status()),
-        });
+    // As runc 1.1: a created container takes an exec (its init has made
+    // the namespaces and waits for start); a paused one only with
+    // --ignore-paused; a stopped one never.
+    match container.status() {
+        ContainerStatus::Running | ContainerStatus::Created => {}
+        ContainerStatus::Paused if opts.ignore_paused => {}
+        ContainerStatus::Paused => return Err(ContainerError::Status(PAUSED.into())),
+        ContainerStatus::Stopped => return Err(ContainerError::Status(STOPPED.into())),
+        ContainerStatus::Creating => {
+            return Err(ContainerError::NotRunning {
+                id: id.to_string(),
+                status: super::status_str(ContainerStatus::Creating),
+            })
+        }
     }
     if let Some(path) = &opts.process {
         lsm::check_process(&read_process(path)?, lsm::selinux_enabled())?;
     }
     let seccomp = container_seccomp(&container.bundle().join("config.json"))?;
+    let shadow = match container.status() {
+        ContainerStatus::Created => Some(Shadow::new(ctx, id)?),
+        _ => None,
+    };
+    let root = shadow
+        .as_ref()
+        .map_or(ctx.root.as_path(), |s| s.root.as_path());
     let builder = ContainerBuilder::new(id.to_string(), SyscallType::default())
         .with_executor(SizedExec(Workload { seccomp }))
-        .with_root_path(&ctx.root)
+        .with_root_path(root)
         .map_err(lc_error)?
         .with_pid_file(opts.pid_file.as_ref())
         .map_err(lc_error)?
@@ -77,6 +93,49 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
         .with_sub_cgroup(opts.sub_cgroup);
     tenant.build().map_err(lc_error)
 }
+
+/// libcontainer's tenant builder joins only a running (or paused) container.
+/// For a created one it is pointed at a state root of its own, under the
+/// container's directory, holding a copy of the container's state that says
+/// running and of libcontainer's config; the copy goes when the exec has
+/// started (the tenant reads it only while it builds the process).
+struct Shadow {
+    root: PathBuf,
+}
+
+impl Shadow {
+    fn new(ctx: &Context, id: &str) -> Result<Shadow, ContainerError> {
+        let real = ctx.container_dir(id);
+        let shadow = Shadow {
+            root: real.join(format!(".exec-root-{}", std::process::id())),
+        };
+        let dir = shadow.root.join(id);
+        std::fs::create_dir_all(&dir).map_err(|source| ContainerError::Write {
+            path: dir.clone(),
+            source,
+        })?;
+        let mut state = State::load(&real).map_err(lc_error)?;
+        state.status = ContainerStatus::Running;
+        state.save(&dir).map_err(lc_error)?;
+        let config = real.join(YOUKI_CONFIG);
+        std::fs::copy(&config, dir.join(YOUKI_CONFIG)).map_err(|source| ContainerError::Write {
+            path: dir.join(YOUKI_CONFIG),
+            source,
+        })?;
+        Ok(shadow)
+    }
+}
+
+impl Drop for Shadow {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.root) {
+            tracing::warn!("cannot remove {}: {e}", self.root.display());
+        }
+    }
+}
+
+/// libcontainer's copy of the container's config in its state directory.
+const YOUKI_CONFIG: &str = "youki_config.json";
 
 fn read_process(path: &std::path::Path) -> Result<Process, ContainerError> {
     let err = |message: String| ContainerError::ProcessFile {

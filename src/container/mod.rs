@@ -153,6 +153,46 @@ fn is_frozen(container: &Container) -> Result<bool, ContainerError> {
     Ok(false)
 }
 
+/// The directory of the container's cgroup for one controller (`memory`,
+/// `cpuset`): found from its init's `/proc/PID/cgroup` (which also names
+/// systemd's cgroups), else from the path libcontainer recorded; the v1
+/// hierarchy of that controller when the host has one, else the unified one.
+pub fn cgroup_dir(container: &Container, controller: &str) -> Option<PathBuf> {
+    let from_proc = container.pid().and_then(|pid| {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let mut unified = None;
+        for line in text.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            if controllers.split(',').any(|c| c == controller) {
+                return Some((true, PathBuf::from(path)));
+            }
+            if controllers.is_empty() {
+                unified = Some((false, PathBuf::from(path)));
+            }
+        }
+        unified
+    });
+    let (v1, path) = match from_proc {
+        Some(found) => found,
+        None => {
+            let path = cgroup_path(container).ok()?;
+            let v1 = Path::new("/sys/fs/cgroup").join(controller).is_dir();
+            (v1, path)
+        }
+    };
+    let rel = path.strip_prefix("/").unwrap_or(&path).to_path_buf();
+    let base = if v1 {
+        Path::new("/sys/fs/cgroup").join(controller)
+    } else if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        PathBuf::from("/sys/fs/cgroup")
+    } else {
+        PathBuf::from("/sys/fs/cgroup/unified")
+    };
+    let dir = base.join(rel);
+    dir.is_dir().then_some(dir)
+}
+
 /// The container's cgroup path as libcontainer resolved it at create time.
 pub fn cgroup_path(container: &Container) -> Result<PathBuf, ContainerError> {
     Ok(container.spec().map_err(lc_error)?.cgroup_path)

@@ -2,10 +2,8 @@
 //! command on libcontainer, with the runc behaviour libcontainer lacks.
 
 use libcgroups::common::{CgroupManager, FreezerState};
-use libcgroups::stats::Stats;
 use libcontainer::container::ContainerStatus;
 use nix::errno::Errno;
-use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use oci_spec::runtime::LinuxResources;
 
@@ -15,7 +13,7 @@ use super::tty::{ConsoleSocket, Relay};
 use super::{cgroup_manager, foreground, lc_error, load, pids, status_str, ContainerError};
 use crate::config::Isolation;
 use crate::context::Context;
-use crate::tier::{self, CreateRequest, ExecRequest, ProcessTable, RuncState};
+use crate::tier::{self, CreateRequest, ExecRequest, OomWatch, ProcessTable, RuncState};
 
 /// Containers on the host kernel: namespaces, cgroups, seccomp, capabilities.
 pub struct Tier;
@@ -67,7 +65,7 @@ impl tier::Tier for Tier {
         Ok(super::runc_state(&load(ctx, id)?))
     }
 
-    fn kill(&self, ctx: &Context, id: &str, signal: Signal, all: bool) -> tier::Result<()> {
+    fn kill(&self, ctx: &Context, id: &str, signal: i32, all: bool) -> tier::Result<()> {
         let container = load(ctx, id)?;
         let status = container.status();
         if all {
@@ -75,7 +73,7 @@ impl tier::Tier for Tier {
             let cm = cgroup_manager(&container)?;
             let frozen = cm.freeze(FreezerState::Frozen).is_ok();
             for pid in pids(&container)? {
-                match kill(pid, signal) {
+                match crate::signal::send(pid, signal) {
                     Ok(()) | Err(Errno::ESRCH) => {}
                     Err(errno) => {
                         return Err(ContainerError::Signal {
@@ -87,7 +85,7 @@ impl tier::Tier for Tier {
                 }
             }
             // Leave a paused container frozen, unless it is being killed.
-            if frozen && (status != ContainerStatus::Paused || signal == Signal::SIGKILL) {
+            if frozen && (status != ContainerStatus::Paused || signal == libc::SIGKILL) {
                 let _ = cm.freeze(FreezerState::Thawed);
             }
             return Ok(());
@@ -98,7 +96,7 @@ impl tier::Tier for Tier {
         let pid = container
             .pid()
             .ok_or_else(|| status_error(format!("container {id} has no init process")))?;
-        match kill(pid, signal) {
+        match crate::signal::send(pid, signal) {
             Ok(()) | Err(Errno::ESRCH) => {}
             Err(errno) => {
                 return Err(ContainerError::Signal {
@@ -109,7 +107,7 @@ impl tier::Tier for Tier {
             }
         }
         // A frozen task cannot act on SIGKILL: thaw so it dies (runc does too).
-        if status == ContainerStatus::Paused && signal == Signal::SIGKILL {
+        if status == ContainerStatus::Paused && signal == libc::SIGKILL {
             let _ = cgroup_manager(&container)?.freeze(FreezerState::Thawed);
         }
         Ok(())
@@ -153,7 +151,7 @@ impl tier::Tier for Tier {
         Ok(ProcessTable::Host(self.host_pids(ctx, id)?))
     }
 
-    fn stats(&self, ctx: &Context, id: &str) -> tier::Result<Option<Stats>> {
+    fn stats(&self, ctx: &Context, id: &str) -> tier::Result<Option<crate::events::Stats>> {
         let container = load(ctx, id)?;
         if container.status() == ContainerStatus::Stopped {
             return Ok(None);
@@ -164,7 +162,32 @@ impl tier::Tier for Tier {
                 id: id.to_string(),
                 message: format!("cannot read stats: {e}"),
             })?;
-        Ok(Some(stats))
+        let cpuset = match super::cgroup_dir(&container, "cpuset") {
+            Some(dir) => crate::events::read_cpuset(&dir),
+            None => Default::default(),
+        };
+        Ok(Some(crate::events::Stats::from_cgroup(&stats, cpuset)))
+    }
+
+    fn oom_watch(&self, ctx: &Context, id: &str) -> tier::Result<Box<dyn OomWatch>> {
+        let container = load(ctx, id)?;
+        let dir =
+            super::cgroup_dir(&container, "memory").ok_or_else(|| ContainerError::Cgroup {
+                id: id.to_string(),
+                message: "no memory cgroup to count OOM kills in".into(),
+            })?;
+        let file = ["memory.events", "memory.oom_control"]
+            .iter()
+            .map(|f| dir.join(f))
+            .find(|p| p.exists())
+            .ok_or_else(|| ContainerError::Cgroup {
+                id: id.to_string(),
+                message: format!("{} has no OOM kill count", dir.display()),
+            })?;
+        Ok(Box::new(OomFile {
+            id: id.to_string(),
+            file,
+        }))
     }
 
     fn update(&self, ctx: &Context, id: &str, resources: &LinuxResources) -> tier::Result<()> {
@@ -198,6 +221,27 @@ impl tier::Tier for Tier {
         container
             .pid()
             .ok_or_else(|| status_error(format!("container {id} has no init pid")))
+    }
+}
+
+/// The `oom_kill` line of the container's memory cgroup: `memory.events`
+/// (v2) or `memory.oom_control` (v1). The cgroup outlives the container's
+/// processes until `delete`, so a killed init's count is still read.
+struct OomFile {
+    id: String,
+    file: std::path::PathBuf,
+}
+
+impl OomWatch for OomFile {
+    fn kills(&mut self, _ctx: &Context) -> tier::Result<u64> {
+        let err = |message: String| ContainerError::Cgroup {
+            id: self.id.clone(),
+            message,
+        };
+        let text = std::fs::read_to_string(&self.file)
+            .map_err(|e| err(format!("cannot read {}: {e}", self.file.display())))?;
+        Ok(crate::events::oom_kill_count(&text)
+            .ok_or_else(|| err(format!("{} has no oom_kill line", self.file.display())))?)
     }
 }
 

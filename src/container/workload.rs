@@ -79,6 +79,25 @@ impl Executor for Workload {
     }
 
     fn validate(&self, spec: &Spec) -> Result<(), ExecutorValidationError> {
+        // libcontainer's check wants a PATH even for a path like /bin/id,
+        // which execvp runs without one; runc runs it (a process file with
+        // no env at all is valid). Check such a spec as if PATH were empty.
+        let process = spec.process().as_ref();
+        let by_path = process
+            .and_then(|p| p.args().as_ref())
+            .and_then(|a| a.first())
+            .is_some_and(|a| a.contains('/'));
+        let env = process.and_then(|p| p.env().as_ref());
+        let has_path = env.is_some_and(|e| e.iter().any(|v| v.starts_with("PATH=")));
+        if by_path && !has_path {
+            let mut spec = spec.clone();
+            if let Some(p) = spec.process_mut() {
+                let mut env = p.env().clone().unwrap_or_default();
+                env.push("PATH=".to_string());
+                p.set_env(Some(env));
+            }
+            return DefaultExecutor {}.validate(&spec);
+        }
         DefaultExecutor {}.validate(spec)
     }
 

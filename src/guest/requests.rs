@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 
 use libcontainer::container::ContainerStatus;
 use nix::errno::Errno;
-use nix::sys::signal::{kill, Signal};
 use oci_spec::runtime::{LinuxResources, Process, Spec};
 
 use super::agent::Agent;
@@ -225,17 +224,10 @@ impl Agent {
     }
 
     fn signal(&mut self, id: u32, signal: i32, all: bool) -> Result<Reply, RequestError> {
-        let sig = match signal {
-            0 => None,
-            n => Some(
-                Signal::try_from(n)
-                    .map_err(|_| RequestError::Refused(format!("invalid signal {n}")))?,
-            ),
-        };
         if all {
             let container = crate::container::load(&self.ctx, CONTAINER_ID)?;
             for pid in crate::container::pids(&container)? {
-                match kill(pid, sig) {
+                match crate::signal::send(pid, signal) {
                     Ok(()) | Err(Errno::ESRCH) => {}
                     Err(e) => return Err(sys(format!("cannot signal process {pid}"))(e)),
                 }
@@ -249,7 +241,8 @@ impl Agent {
                 format!("exec process {id} is not running")
             }));
         };
-        kill(stream.pid, sig).map_err(sys(format!("cannot signal process {}", stream.pid)))?;
+        crate::signal::send(stream.pid, signal)
+            .map_err(sys(format!("cannot signal process {}", stream.pid)))?;
         Ok(Reply::Ok)
     }
 
@@ -298,6 +291,7 @@ impl Agent {
             stats.pids = read("pids.current").trim().parse().unwrap_or(0);
             // "max" (no limit) parses to nothing: the guest's RAM bounds it.
             stats.memory_limit_bytes = read("memory.max").trim().parse().unwrap_or(0);
+            stats.oom_kills = crate::events::oom_kill_count(&read("memory.events")).unwrap_or(0);
         }
         Ok(Reply::Stats { stats })
     }

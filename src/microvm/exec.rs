@@ -44,6 +44,9 @@ enum Io {
     Pty(HostPty),
 }
 
+/// runc's refusals, word for word (`crate::container::exec` says the same).
+pub use crate::container::exec::{PAUSED, STOPPED};
+
 /// Runs `process` in container `id`. In the foreground it returns the
 /// process's status as runc does (128+n when killed by signal n); with
 /// `detach` it returns 0 once the process runs, and the relay in the
@@ -52,22 +55,26 @@ pub fn exec(ctx: &Context, id: &str, req: ExecRequest) -> Result<u8> {
     let dir = ctx.container_dir(id);
     let state = VmState::load(&dir)?;
     let status = state.effective_status();
-    if status != Status::Running {
-        return Err(refused(format!(
-            "container {id} is {}, not running",
-            status_name(status, state.paused)
-        )));
+    // As runc 1.1: a created container takes an exec (the guest's container
+    // exists, its init waits for start); a paused or stopped one does not.
+    if status == Status::Stopped {
+        return Err(refused(STOPPED.to_string()));
     }
     if state.paused {
         // A frozen VM cannot start anything; runc's --ignore-paused would
         // leave the process waiting for a resume, which this tier cannot.
+        return Err(refused(if req.ignore_paused {
+            "cannot exec in a paused container: --ignore-paused is not supported by the \
+             microvm tier (a frozen VM cannot start the process)"
+                .to_string()
+        } else {
+            PAUSED.to_string()
+        }));
+    }
+    if !matches!(status, Status::Created | Status::Running) {
         return Err(refused(format!(
-            "container {id} is paused{}",
-            if req.ignore_paused {
-                " (--ignore-paused is not supported by the microvm tier)"
-            } else {
-                ""
-            }
+            "cannot exec in container {id}: it is {}",
+            status_name(status, state.paused)
         )));
     }
     let terminal = req.process.terminal().unwrap_or(false);

@@ -156,6 +156,7 @@ fn start_supervisor(
         annotations: bundle.spec.annotations().clone().unwrap_or_default(),
         cgroup_path: PathBuf::new(),
         exit_status: None,
+        oom_kills: None,
         accel: String::new(),
         paused: false,
         vcpus: 0,
@@ -317,9 +318,10 @@ pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
     let pid = s
         .supervisor_pid
         .ok_or_else(|| refused(format!("container {id} has no supervisor")))?;
-    if signal == libc::SIGKILL || s.paused {
+    if signal == libc::SIGKILL || signal == 0 || s.paused {
         // SIGKILL ends the supervisor, and with it the VM, at once; a
-        // paused VM cannot take a request, so signals go to the pid.
+        // paused VM cannot take a request, so signals go to the pid; 0
+        // asks whether the supervisor (the container's pid) is there.
         if s.paused && signal == libc::SIGKILL {
             let _ = freeze(&s, FreezerState::Thawed);
         }

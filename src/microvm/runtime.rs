@@ -2,7 +2,6 @@
 //! command answered by the container's supervisor and its guest.
 
 use libcgroups::stats::Stats;
-use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use oci_spec::runtime::LinuxResources;
 
@@ -10,10 +9,31 @@ use super::vmstate::VmState;
 use super::{refused, MicrovmError};
 use crate::config::Isolation;
 use crate::context::Context;
-use crate::tier::{self, CreateRequest, ExecRequest, ProcessTable, RuncState, TierError};
+use crate::tier::{self, CreateRequest, ExecRequest, OomWatch, ProcessTable, RuncState, TierError};
 
 /// Containers in their own microVM.
 pub struct Tier;
+
+/// The OOM kills the guest counts in the container's cgroup.
+struct GuestOom {
+    id: String,
+}
+
+impl OomWatch for GuestOom {
+    fn kills(&mut self, ctx: &Context) -> tier::Result<u64> {
+        match super::stats(ctx, &self.id) {
+            Ok(stats) => Ok(stats.oom_kills),
+            Err(e) => {
+                // Once the VM has ended, the count its supervisor kept.
+                let state = VmState::load(&ctx.container_dir(&self.id))?;
+                match (state.effective_status(), state.oom_kills) {
+                    (super::vmstate::Status::Stopped, Some(kills)) => Ok(kills),
+                    _ => Err(e.into()),
+                }
+            }
+        }
+    }
+}
 
 impl tier::Tier for Tier {
     fn isolation(&self) -> Isolation {
@@ -51,8 +71,8 @@ impl tier::Tier for Tier {
         Ok(super::state(ctx, id)?)
     }
 
-    fn kill(&self, ctx: &Context, id: &str, signal: Signal, all: bool) -> tier::Result<()> {
-        Ok(super::kill(ctx, id, signal as i32, all)?)
+    fn kill(&self, ctx: &Context, id: &str, signal: i32, all: bool) -> tier::Result<()> {
+        Ok(super::kill(ctx, id, signal, all)?)
     }
 
     fn delete(&self, ctx: &Context, id: &str, force: bool) -> tier::Result<()> {
@@ -91,7 +111,7 @@ impl tier::Tier for Tier {
     /// What the guest reports of the container's cgroup in the guest, in
     /// the container tier's shape; the memory limit is the container's in
     /// the guest, or the guest's RAM when it has none.
-    fn stats(&self, ctx: &Context, id: &str) -> tier::Result<Option<Stats>> {
+    fn stats(&self, ctx: &Context, id: &str) -> tier::Result<Option<crate::events::Stats>> {
         match super::state(ctx, id)?.status {
             "running" => {}
             "paused" => {
@@ -115,7 +135,19 @@ impl tier::Tier for Tier {
             ("guest_available".to_string(), guest.memory_available_bytes),
         ]);
         stats.pids.current = guest.pids;
-        Ok(Some(stats))
+        // The guest's cpuset is not reported: its figures stay zero.
+        Ok(Some(crate::events::Stats::from_cgroup(
+            &stats,
+            Default::default(),
+        )))
+    }
+
+    /// The guest counts the OOM kills of the container's cgroup in the
+    /// guest; each `kills` asks it (through the supervisor).
+    fn oom_watch(&self, ctx: &Context, id: &str) -> tier::Result<Box<dyn OomWatch>> {
+        let mut watch = GuestOom { id: id.to_string() };
+        watch.kills(ctx)?;
+        Ok(Box::new(watch))
     }
 
     fn update(&self, ctx: &Context, id: &str, resources: &LinuxResources) -> tier::Result<()> {

@@ -37,6 +37,10 @@ pub struct VmState {
     pub cgroup_path: PathBuf,
     /// Workload exit status once known (exit code or 128+signal).
     pub exit_status: Option<i32>,
+    /// The container's OOM kills in the guest when its init exited, for
+    /// `events` once the VM is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<u64>,
     pub accel: String,
     #[serde(default)]
     pub paused: bool,

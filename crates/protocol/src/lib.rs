@@ -369,6 +369,10 @@ pub struct GuestStats {
     /// CPU time of the container's cgroup, nanoseconds.
     pub cpu_usage_ns: u64,
     pub pids: u64,
+    /// Processes of the container the guest kernel's OOM killer killed
+    /// (`oom_kill` of the container cgroup's `memory.events`).
+    #[serde(default)]
+    pub oom_kills: u64,
 }
 
 /// What the guest sends.

@@ -134,7 +134,7 @@ enum Seed {
     Created(Num),
     Started(Num),
     Pids(Vec<Num>, Vec<(Num, Num, Num, Text)>),
-    Stats([Num; 6]),
+    Stats([Num; 7]),
     Error(Text),
     Exit(Num, Num),
     Log(u8, Text),
@@ -193,6 +193,7 @@ fn frame_of(seed: &Seed) -> Frame {
                 memory_limit_bytes: n[3].u64(),
                 cpu_usage_ns: n[4].u64(),
                 pids: n[5].u64(),
+                oom_kills: n[6].u64(),
             },
         }),
         Seed::Error(m) => GuestMessage::Reply(Reply::Error {

@@ -227,9 +227,16 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         let _ = events_tx.send(Event::Signal(SIGWINCH));
     }
 
+    let mut oom_kills = None;
     let status = match wait_for_end(&shared, &events, vm.as_mut(), terminal.as_ref()) {
         End::Exited(status) => {
-            // The workload is gone: power the guest off, then make sure.
+            // The workload is gone. Its cgroup's OOM-kill count is kept for
+            // `events`, which must report a kill that ended the container
+            // (the guest's count goes with the VM).
+            if let Ok(Reply::Stats { stats }) = shared.request(&HostMessage::Stats) {
+                oom_kills = Some(stats.oom_kills);
+            }
+            // Power the guest off, then make sure.
             let _ = shared.request(&HostMessage::Shutdown);
             let deadline = Instant::now() + Duration::from_secs(3);
             while Instant::now() < deadline && vm.exited().is_none() {
@@ -251,6 +258,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
     if let Ok(mut s) = VmState::load(&args.dir) {
         s.status = Status::Stopped;
         s.exit_status = Some(status);
+        s.oom_kills = oom_kills;
         let _ = s.save(&args.dir);
     } else {
         state.status = Status::Stopped;

@@ -220,6 +220,11 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<Option<ExitS
 }
 
 impl Pending {
+    /// What the command has written to stdout so far.
+    pub fn stdout_now(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
     /// Waits up to `timeout`, killing the command when it is exceeded.
     pub fn wait(mut self, timeout: Duration) -> Result<Output> {
         let status = wait_timeout(&mut self.child, timeout)?;

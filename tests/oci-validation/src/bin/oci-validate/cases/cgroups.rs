@@ -11,7 +11,11 @@ use super::{CaseFn, Ctx};
 use crate::bundle::Bundle;
 use crate::report::Outcome;
 
-pub const CASES: &[(&str, CaseFn)] = &[("cgroups-inside", inside), ("cgroups-host", host)];
+pub const CASES: &[(&str, CaseFn)] = &[
+    ("cgroups-inside", inside),
+    ("cgroups-host", host),
+    ("cgroups-update-values", update_values),
+];
 
 /// One cgroup interface file: v1 controller, v1 file and value, v2 file and
 /// value (runc's conversions for cgroup v2).
@@ -67,7 +71,7 @@ const LIMITS: &[Limit] = &[
 
 /// Whether the host accounts swap (cgroup v1 without swap accounting has no
 /// memsw files, and runc cannot set memory.swap there).
-fn swap_supported() -> bool {
+pub(super) fn swap_supported() -> bool {
     match host_mount(Some("memory")) {
         Some(m) => m.join("memory.memsw.limit_in_bytes").exists(),
         None => true,
@@ -247,5 +251,80 @@ fn host(ctx: &mut Ctx) -> Result<()> {
     ctx.check("cgroup removed on delete", left.is_empty(), || {
         format!("still there: {left:?}")
     });
+    Ok(())
+}
+
+/// `update` takes runc's values: go-units sizes (`48MiB`, `0.0625g`) and
+/// `-1` for unlimited; a bad size is refused.
+fn update_values(ctx: &mut Ctx) -> Result<()> {
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let mut b = ctx.bundle()?;
+    b.set("/linux/cgroupsPath", json!(cg));
+    b.set("/linux/resources/memory", json!({"limit": 67108864}));
+    b.set(
+        "/linux/resources/cpu",
+        json!({"quota": 50000, "period": 100000}),
+    );
+    b.set("/linux/resources/pids", json!({"limit": 64}));
+    let pid = ctx.start_sleeper_as(&mut b, &id)?;
+    let steps: &[(&[&str], &'static [Limit])] = &[
+        (
+            &["--memory", "48MiB"],
+            &[(
+                "memory",
+                "memory.limit_in_bytes",
+                "50331648",
+                "memory.max",
+                "50331648",
+            )],
+        ),
+        (
+            &["--memory", "0.0625g"],
+            &[(
+                "memory",
+                "memory.limit_in_bytes",
+                "67108864",
+                "memory.max",
+                "67108864",
+            )],
+        ),
+        (
+            &["--memory", "-1"],
+            &[(
+                "memory",
+                "memory.limit_in_bytes",
+                "9223372036854771712",
+                "memory.max",
+                "max",
+            )],
+        ),
+        (
+            &["--pids-limit", "-1"],
+            &[("pids", "pids.max", "max", "pids.max", "max")],
+        ),
+        (
+            &["--cpu-quota", "-1"],
+            &[("cpu", "cpu.cfs_quota_us", "-1", "cpu.max", "max 100000")],
+        ),
+    ];
+    for (flags, limits) in steps {
+        let mut args = vec!["update"];
+        args.extend_from_slice(flags);
+        args.push(&id);
+        let what = flags.join(" ");
+        let out = ctx.rt.run(&args)?;
+        if ctx.check_ok(&format!("update {what} succeeds"), &out) {
+            check_limits(ctx, pid, limits, &format!("{what}: "));
+        }
+    }
+    for bad in ["lots", "-2", "1.5.3", "12x"] {
+        let out = ctx.rt.run(&["update", "--memory", bad, &id])?;
+        ctx.check(
+            format!("update --memory {bad} refused"),
+            out.code == Some(1) && out.stderr.contains("invalid value for memory"),
+            || out.describe(),
+        );
+    }
     Ok(())
 }

@@ -2,8 +2,10 @@
 
 mod caps;
 mod cgroups;
+mod cli;
 mod console;
 mod devices;
+mod events;
 mod exec;
 mod hooks;
 mod lifecycle;
@@ -44,6 +46,8 @@ pub fn all() -> Vec<(&'static str, CaseFn)> {
     v.extend_from_slice(hooks::CASES);
     v.extend_from_slice(console::CASES);
     v.extend_from_slice(exec::CASES);
+    v.extend_from_slice(cli::CASES);
+    v.extend_from_slice(events::CASES);
     v
 }
 
