@@ -45,10 +45,37 @@ const FORWARDED: &[i32] = &[
     SIGTTIN, SIGTTOU, SIGWINCH, SIGCHLD,
 ];
 
+/// Blocks the forwarded signals when dropped.
+struct BlockOnDrop;
+
+impl Drop for BlockOnDrop {
+    fn drop(&mut self) {
+        let mut set = nix::sys::signal::SigSet::empty();
+        for &sig in FORWARDED {
+            if let Ok(s) = Signal::try_from(sig) {
+                set.add(s);
+            }
+        }
+        let _ = nix::sys::signal::pthread_sigmask(
+            nix::sys::signal::SigmaskHow::SIG_BLOCK,
+            Some(&set),
+            None,
+        );
+    }
+}
+
 /// Waits for `pid`, forwarding signals to it and relaying its terminal if
 /// there is one; returns its exit code.
 pub fn wait(pid: Pid, relay: Option<Relay>) -> Result<u8, ForegroundError> {
     let mut signals = Signals::new(FORWARDED).map_err(ForegroundError::Signals)?;
+    // Dropped before `signals`: while signal-hook removes its handlers it
+    // has closed their self-pipe, and a signal arriving then (SIGCHLD from
+    // a helper ending with the workload) makes the handler write to it;
+    // the EPIPE raises SIGPIPE, which is one of ours, whose handler writes
+    // again: a storm that never ends (seen as a `run` spinning after its
+    // workload exited). Blocked from then on, they wait: the process ends
+    // soon, or has its own use for them.
+    let _quiet = BlockOnDrop;
     let relay: Option<RunningRelay> = relay.map(Relay::start);
     if let Some(r) = &relay {
         r.resize();
