@@ -807,10 +807,10 @@ fn a_killed_egress_daemon_fails_closed_and_a_killed_vm_leaves_nothing() {
         "the daemon gone, the sandbox must be cut off: {out}"
     );
     // The VM killed: the container stops, delete cleans up.
-    let root = f.root();
-    let qemu: Vec<String> = common::bundle::processes_with("qemu-system")
+    let supervisor = f.state(id)["pid"].as_i64().expect("pid") as i32;
+    let qemu: Vec<String> = common::bundle::children_of(supervisor)
         .into_iter()
-        .filter(|p| p.contains(root.to_str().expect("utf-8")) && p.contains(id))
+        .filter(|p| p.contains("qemu-system"))
         .collect();
     assert_eq!(qemu.len(), 1, "one QEMU: {qemu:?}");
     let qpid = qemu[0].split(':').next().unwrap_or_default().to_string();
