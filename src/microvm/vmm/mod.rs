@@ -42,12 +42,14 @@ pub struct VmConfig {
     /// `protocol::SHARE_TAG`.
     pub share_dir: PathBuf,
     /// Name of the unix socket in `run_dir` the supervisor listens on; the
-    /// VMM connects it to the guest's control port.
+    /// backend connects to it and hands the connection to the VMM, which
+    /// joins it to the guest's control port.
     pub control_socket: PathBuf,
     /// Where the guest's serial console goes.
     pub console_log: PathBuf,
-    /// A private directory for the backend's own sockets; the VMM runs in
-    /// it, so socket names are short whatever its path (see `sock`).
+    /// A private directory for the backend's own sockets, logs and the
+    /// VMM's jail root (socket names in it are short whatever its path:
+    /// see `sock`).
     pub run_dir: PathBuf,
     pub kvm: bool,
     /// One virtio NIC per tap, in order.
