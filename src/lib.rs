@@ -20,6 +20,7 @@ pub mod guest;
 pub mod jail;
 pub mod logging;
 pub mod microvm;
+pub mod ndp;
 pub mod netlink;
 pub mod router;
 pub mod signal;

@@ -13,7 +13,7 @@ use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
     NLM_F_REPLACE, NLM_F_REQUEST,
 };
-use netlink_packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage, AddressScope};
 use netlink_packet_route::link::{
     InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkLayerType, LinkMessage,
 };
@@ -68,6 +68,8 @@ pub struct Link {
     pub up: bool,
     pub loopback: bool,
     pub ether: bool,
+    /// `IFLA_IFALIAS`, if set.
+    pub alias: Option<String>,
 }
 
 /// An address on a link.
@@ -287,6 +289,20 @@ impl Netlink {
         Ok(())
     }
 
+    pub fn del_address(&mut self, index: u32, addr: IpAddr, prefix: u8) -> Result<()> {
+        let mut msg = AddressMessage::default();
+        msg.header.family = family_of(addr);
+        msg.header.prefix_len = prefix;
+        msg.header.index = index;
+        msg.attributes.push(AddressAttribute::Address(addr));
+        self.request(
+            "delete an address",
+            RouteNetlinkMessage::DelAddress(msg),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
     pub fn add_address(&mut self, index: u32, addr: IpAddr, prefix: u8) -> Result<()> {
         let mut msg = AddressMessage::default();
         msg.header.family = family_of(addr);
@@ -297,8 +313,13 @@ impl Netlink {
             _ => AddressScope::Universe,
         };
         msg.attributes.push(AddressAttribute::Address(addr));
-        if addr.is_ipv4() {
-            msg.attributes.push(AddressAttribute::Local(addr));
+        match addr {
+            IpAddr::V4(_) => msg.attributes.push(AddressAttribute::Local(addr)),
+            // Docker's and CNI's addresses are theirs already: no duplicate
+            // address detection (it would hold the address back a second).
+            IpAddr::V6(_) => msg
+                .attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad)),
         }
         self.request(
             "add an address",
@@ -490,6 +511,20 @@ impl Netlink {
         Ok(())
     }
 
+    /// Sets link `index`'s alias (`IFLA_IFALIAS`).
+    pub fn set_alias(&mut self, index: u32, alias: &str) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes
+            .push(LinkAttribute::IfAlias(alias.to_string()));
+        self.request(
+            "set a link's alias",
+            RouteNetlinkMessage::SetLink(msg),
+            NLM_F_ACK,
+        )?;
+        Ok(())
+    }
+
     /// Deletes link `index` (a veth takes its peer with it).
     pub fn del_link(&mut self, index: u32) -> Result<()> {
         let mut msg = LinkMessage::default();
@@ -526,6 +561,15 @@ pub fn configure_interface(
         nl.add_address(link.index, a.addr, a.prefix)?;
     }
     for r in &iface.routes {
+        // The kernel made the route of each address's own subnet.
+        let own_subnet = r.gateway.is_none()
+            && iface
+                .addresses
+                .iter()
+                .any(|a| a.prefix == r.dst.prefix && network(a.addr, a.prefix) == r.dst.addr);
+        if own_subnet {
+            continue;
+        }
         nl.ensure_route(&Route {
             table: TABLE_MAIN,
             dst: r.dst.addr,
@@ -569,11 +613,13 @@ fn link_of(l: &LinkMessage) -> Link {
         up: l.header.flags.contains(LinkFlags::Up),
         loopback: l.header.flags.contains(LinkFlags::Loopback),
         ether: l.header.link_layer_type == LinkLayerType::Ether,
+        alias: None,
     };
     for a in &l.attributes {
         match a {
             LinkAttribute::IfName(n) => link.name = n.clone(),
             LinkAttribute::Mtu(m) => link.mtu = *m,
+            LinkAttribute::IfAlias(a) => link.alias = Some(a.clone()),
             LinkAttribute::Address(mac) => link.mac = <[u8; 6]>::try_from(mac.as_slice()).ok(),
             _ => {}
         }
@@ -665,6 +711,26 @@ pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
     parts.next().is_none().then_some(mac)
 }
 
+/// The network `addr`/`prefix` is in (its host bits cleared).
+pub fn network(addr: IpAddr, prefix: u8) -> IpAddr {
+    match addr {
+        IpAddr::V4(a) => {
+            let bits = u32::from(a);
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(prefix.min(32)))
+                .unwrap_or(0);
+            IpAddr::V4((bits & mask).into())
+        }
+        IpAddr::V6(a) => {
+            let bits = u128::from(a);
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(prefix.min(128)))
+                .unwrap_or(0);
+            IpAddr::V6((bits & mask).into())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -706,5 +772,16 @@ mod tests {
                 "{routes:?}"
             );
         }
+    }
+
+    #[test]
+    fn networks_clear_host_bits() {
+        let n = |a: &str, p| network(a.parse().unwrap(), p).to_string();
+        assert_eq!(n("10.231.0.2", 24), "10.231.0.0");
+        assert_eq!(n("10.231.0.2", 0), "0.0.0.0");
+        assert_eq!(n("10.231.0.2", 32), "10.231.0.2");
+        assert_eq!(n("fd00:231::2", 64), "fd00:231::");
+        assert_eq!(n("fd00:231::2", 128), "fd00:231::2");
+        assert_eq!(n("fd00:231::2", 0), "::");
     }
 }

@@ -22,7 +22,10 @@
 //!   [`DNS_RELAY`], an address of the tap that the guest's own relay on that
 //!   loopback address forwards to.
 //!
-//! IPv6 addresses are not passed to the sandbox yet (a warning says so).
+//! IPv6 is routed the same way without a policy, with
+//! [`crate::ndp::NdpProxy`] answering neighbour solicitations on the
+//! sandbox's interface as proxy ARP does for IPv4; under a policy it is
+//! not routed yet (a warning says so) and the sandbox's interface drops it.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -121,6 +124,19 @@ pub enum DnsMode {
     Resolver,
 }
 
+/// What stays of [`Plumbed`] once the sandbox runs.
+#[derive(Debug)]
+pub struct Kept {
+    pub dns: Option<HostDnsRelay>,
+    pub ndp: Vec<crate::ndp::NdpProxy>,
+    pub restore: Vec<Restore>,
+}
+
+/// An IPv6 link-local destination (`fe80::/10`), which is never routed.
+fn is_link_local(addr: &IpAddr) -> bool {
+    matches!(addr, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80)
+}
+
 /// What [`plumb`] set up. Dropped before [`Plumbed::keep`], it puts the
 /// namespace back as it was (boot failed).
 #[derive(Debug, Default)]
@@ -132,6 +148,9 @@ pub struct Plumbed {
     /// Local routes taken out of the namespace's local table, and proxy
     /// neighbours added, to put back if the VM never runs.
     restore: Vec<(u32, Route)>,
+    /// IPv6 addresses taken off the namespace's links (link, address,
+    /// prefix), the same.
+    readd: Vec<(u32, IpAddr, u8)>,
     /// The same, by link name, for `delete` to put back in a namespace
     /// that outlives the container (CNI's).
     names: Vec<Restore>,
@@ -143,6 +162,8 @@ pub struct Plumbed {
     owned: Vec<(u32, IpAddr)>,
     /// The rule keeping them local for the namespace's own connections.
     local_rule: bool,
+    /// IPv6 neighbour answers on each sandbox interface with IPv6.
+    pub ndp: Vec<crate::ndp::NdpProxy>,
 }
 
 /// The route keeping `addr` local in [`LOCAL_TABLE`] for marked packets.
@@ -162,6 +183,32 @@ fn local_route(link: u32, addr: IpAddr) -> Route {
 pub struct Restore {
     pub link: String,
     pub addr: IpAddr,
+    /// Set when the address itself left the link (IPv6: the namespace
+    /// would otherwise solicit its neighbours from the guest's address and
+    /// their answers would go to the guest): put back with this prefix.
+    #[serde(default)]
+    pub prefix: Option<u8>,
+}
+
+/// Puts IPv6 address `addr`/`prefix` back on link `index`: first the
+/// on-link route that stood in for the address's own, then the address
+/// (whose own route comes back with it), then no more proxy answers.
+fn give_back_v6(nl: &mut Netlink, index: u32, addr: IpAddr, prefix: u8) {
+    let _ = nl.del_route(&on_link(index, addr, prefix));
+    let _ = nl.add_address(index, addr, prefix);
+    let _ = nl.del_proxy_neighbour(index, addr);
+}
+
+/// The on-link route of `addr`/`prefix` on link `index`.
+fn on_link(index: u32, addr: IpAddr, prefix: u8) -> Route {
+    Route {
+        table: TABLE_MAIN,
+        dst: netlink::network(addr, prefix),
+        prefix,
+        gateway: None,
+        oif: Some(index),
+        kind: RouteKind::Unicast,
+    }
 }
 
 /// Gives the namespace at `netns` its addresses back (`delete`): each is
@@ -189,6 +236,10 @@ pub fn restore(netns: &Path, entries: &[Restore], egress_rules: bool) {
             let Some(link) = links.iter().find(|l| l.name == e.link) else {
                 continue;
             };
+            if let Some(prefix) = e.prefix {
+                give_back_v6(&mut nl, link.index, e.addr, prefix);
+                continue;
+            }
             if !addrs
                 .iter()
                 .any(|a| a.index == link.index && a.addr == e.addr)
@@ -218,7 +269,16 @@ impl Plumbed {
     /// Installs the egress rules (removed again if boot fails).
     pub fn install_egress(&mut self, ruleset: &str) -> Result<(), NetError> {
         self.nft = true;
-        crate::egress::nft::apply(ruleset).map_err(NetError::Nft)
+        crate::egress::nft::apply(ruleset).map_err(NetError::Nft)?;
+        // Bytes and times per flow, for the audit lines of UDP flows
+        // (conntrack is loaded now: the rules use it).
+        for path in [
+            "netfilter/nf_conntrack_acct",
+            "netfilter/nf_conntrack_timestamp",
+        ] {
+            netlink::sysctl(path, "1").map_err(io(format!("set net.{path}")))?;
+        }
+        Ok(())
     }
 
     /// The sandbox's interfaces as the egress rules see them.
@@ -235,11 +295,19 @@ impl Plumbed {
             .collect()
     }
 
-    pub fn keep(mut self) -> (Option<HostDnsRelay>, Vec<Restore>) {
+    /// The VM runs: the plumbing stays for its life. Returns what runs
+    /// beside it (the DNS relay, the IPv6 neighbour answers) and what
+    /// `delete` puts back.
+    pub fn keep(mut self) -> Kept {
         self.restore.clear();
+        self.readd.clear();
         self.nft = false;
         self.local_rule = false;
-        (self.dns.take(), std::mem::take(&mut self.names))
+        Kept {
+            dns: self.dns.take(),
+            ndp: std::mem::take(&mut self.ndp),
+            restore: std::mem::take(&mut self.names),
+        }
     }
 }
 
@@ -258,7 +326,7 @@ impl Drop for Plumbed {
         if self.nft {
             let _ = crate::egress::nft::remove();
         }
-        if self.restore.is_empty() {
+        if self.restore.is_empty() && self.readd.is_empty() {
             return;
         }
         let Ok(mut nl) = Netlink::open() else {
@@ -267,6 +335,9 @@ impl Drop for Plumbed {
         for (link, route) in self.restore.drain(..) {
             let _ = nl.add_route(&route);
             let _ = nl.del_proxy_neighbour(link, route.dst);
+        }
+        for (link, addr, prefix) in self.readd.drain(..) {
+            give_back_v6(&mut nl, link, addr, prefix);
         }
     }
 }
@@ -299,12 +370,17 @@ pub fn plumb(
             .filter(|a| a.index == link.index && a.global && a.addr.is_ipv4())
             .copied()
             .collect();
-        let has_v6 = addrs
+        let v6: Vec<_> = addrs
             .iter()
-            .any(|a| a.index == link.index && a.global && a.addr.is_ipv6());
-        if has_v6 {
+            .filter(|a| a.index == link.index && a.global && a.addr.is_ipv6())
+            .copied()
+            .collect();
+        // IPv6 is routed like IPv4, but not yet under a policy, whose
+        // proxy and resolver listen on IPv4: there it is dropped.
+        let route_v6 = !v6.is_empty() && !egress;
+        if !v6.is_empty() && egress {
             out.warnings.push(format!(
-                "{}: IPv6 addresses are not passed to the microVM yet",
+                "{}: IPv6 is not routed under an egress policy yet; the sandbox gets IPv4 only",
                 link.name
             ));
         }
@@ -330,24 +406,34 @@ pub fn plumb(
                 None
             }
         };
-        let tap_index = nl
+        let side = nl
             .links()?
             .into_iter()
             .find(|l| l.name == tap_name)
-            .map(|l| l.index)
             .ok_or_else(|| NetError::Io {
                 what: format!("find {tap_name}"),
                 source: std::io::Error::from(std::io::ErrorKind::NotFound),
             })?;
-        let sysctls = [
+        let tap_index = side.index;
+        let mut sysctls = vec![
             ("ipv4/ip_forward".to_string(), "1"),
             (format!("ipv4/conf/{tap_name}/proxy_arp"), "1"),
             (format!("ipv4/conf/{tap_name}/rp_filter"), "1"),
             (format!("ipv4/conf/{tap_name}/send_redirects"), "0"),
             (format!("ipv4/neigh/{tap_name}/proxy_delay"), "0"),
             (format!("ipv4/neigh/{}/proxy_delay", link.name), "0"),
-            (format!("ipv6/conf/{tap_name}/disable_ipv6"), "1"),
+            (
+                format!("ipv6/conf/{tap_name}/disable_ipv6"),
+                if route_v6 { "0" } else { "1" },
+            ),
         ];
+        if route_v6 {
+            sysctls.extend([
+                ("ipv6/conf/all/forwarding".to_string(), "1"),
+                (format!("ipv6/conf/{tap_name}/accept_ra"), "0"),
+                (format!("ipv6/conf/{}/proxy_ndp", link.name), "1"),
+            ]);
+        }
         for (path, value) in &sysctls {
             netlink::sysctl(path, value).map_err(io(format!("set net.{path}")))?;
         }
@@ -367,7 +453,7 @@ pub fn plumb(
                 r.table == TABLE_MAIN
                     && r.kind == RouteKind::Unicast
                     && r.oif == Some(link.index)
-                    && r.dst.is_ipv4()
+                    && (r.dst.is_ipv4() || (route_v6 && !is_link_local(&r.dst)))
             })
             .collect();
         own.sort_by_key(|r| r.gateway.is_some());
@@ -380,23 +466,46 @@ pub fn plumb(
                 gateway: r.gateway,
             });
         }
-        for a in &v4 {
+        let routed: Vec<_> = v4
+            .iter()
+            .chain(v6.iter().filter(|_| route_v6))
+            .copied()
+            .collect();
+        for a in &routed {
+            let host = if a.addr.is_ipv4() { 32 } else { 128 };
+            if a.addr.is_ipv6() {
+                // The address leaves the link, and an on-link route stands
+                // in for the one it took with it.
+                match nl.del_address(link.index, a.addr, a.prefix) {
+                    Ok(()) => {
+                        out.readd.push((link.index, a.addr, a.prefix));
+                        out.names.push(Restore {
+                            link: link.name.clone(),
+                            addr: a.addr,
+                            prefix: Some(a.prefix),
+                        });
+                    }
+                    Err(e) => e.unless(libc::EADDRNOTAVAIL)?,
+                }
+                nl.ensure_route(&on_link(link.index, a.addr, a.prefix))?;
+            }
             let local = Route {
                 table: TABLE_LOCAL,
                 dst: a.addr,
-                prefix: 32,
+                prefix: host,
                 gateway: None,
                 oif: Some(link.index),
                 kind: RouteKind::Local,
             };
             // Already gone when a namespace that outlived a container is
-            // used again.
+            // used again (and with an IPv6 address that left the link).
             match nl.del_route(&local) {
                 Ok(()) => {
                     out.restore.push((link.index, local));
                     out.names.push(Restore {
                         link: link.name.clone(),
                         addr: a.addr,
+                        prefix: None,
                     });
                 }
                 Err(e) => e.unless(libc::ESRCH)?,
@@ -404,13 +513,15 @@ pub fn plumb(
             nl.add_route(&Route {
                 table: TABLE_MAIN,
                 dst: a.addr,
-                prefix: 32,
+                prefix: host,
                 gateway: None,
                 oif: Some(tap_index),
                 kind: RouteKind::Unicast,
             })?;
             nl.add_proxy_neighbour(link.index, a.addr)?;
-            out.owned.push((link.index, a.addr));
+            if a.addr.is_ipv4() {
+                out.owned.push((link.index, a.addr));
+            }
             // The namespace never asks the guest who it is: its ARP request
             // would come from the guest's own address, which the guest
             // drops as a martian.
@@ -420,7 +531,7 @@ pub fn plumb(
             name: link.name.clone(),
             mac: netlink::format_mac(&mac),
             mtu: link.mtu,
-            addresses: v4
+            addresses: routed
                 .iter()
                 .map(|a| IpNet {
                     addr: a.addr,
@@ -429,6 +540,23 @@ pub fn plumb(
                 .collect(),
             routes: guest_routes,
         });
+        if route_v6 {
+            let own = v6
+                .iter()
+                .filter_map(|a| match a.addr {
+                    IpAddr::V6(v) => Some(v),
+                    IpAddr::V4(_) => None,
+                })
+                .collect();
+            let mac = side.mac.ok_or_else(|| NetError::Io {
+                what: format!("read the MAC of {tap_name}"),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            })?;
+            out.ndp.push(
+                crate::ndp::NdpProxy::open(tap_index, mac, own)
+                    .map_err(io(format!("answer neighbour solicitations on {tap_name}")))?,
+            );
+        }
         if let Some(tap) = tap {
             out.nics.push(Nic {
                 tap: Arc::new(tap),
@@ -526,101 +654,120 @@ fn iface_dns(guest: &mut Network, loopback: &[IpAddr]) {
 /// How long the egress daemon lives.
 #[derive(Debug, Clone, Copy)]
 pub enum DaemonLife<'a> {
-    /// Until its parent (the microVM's supervisor) dies.
-    WithParent,
+    /// Until its parent (the microVM's supervisor) closes this pipe's
+    /// write end — it then writes what it still holds and ends — or dies.
+    WithParent(BorrowedFd<'a>),
     /// Detached, in a session of its own, until the process this pidfd
     /// refers to (the container tier's init) exits.
     While(BorrowedFd<'a>),
 }
 
-/// Starts `agentvm egress-daemon` for `policy` in this namespace, with the
-/// resolver's socket (names in the policy) and the proxy's listener, for
-/// as long as `life` says. Its log is `egress.log` in `run_dir`.
-pub fn spawn_egress_daemon(
-    policy: &str,
-    id: &str,
-    audit: &Path,
-    dns: Option<HostDnsRelay>,
-    proxy: std::net::TcpListener,
-    run_dir: &Path,
-    life: DaemonLife<'_>,
-) -> Result<std::process::Child, NetError> {
-    use crate::egress::daemon::{DNS_FD, PROXY_FD, WATCH_FD};
-    use std::os::unix::process::CommandExt;
-    let exe = std::fs::read_link("/proc/self/exe").map_err(io("find the agentvm binary"))?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("egress-daemon")
-        .arg("--policy")
-        .arg(policy)
-        .arg("--id")
-        .arg(id)
-        .arg("--audit")
-        .arg(audit)
-        .arg("--own")
-        .arg(DNS_RELAY.to_string());
-    if let Some(up) = dns.as_ref().and_then(|d| d.upstream) {
-        cmd.arg("--upstream").arg(up.to_string());
-    }
-    if dns.is_some() {
-        cmd.arg("--dns");
-    }
-    let watch_fd = match life {
-        DaemonLife::WithParent => None,
-        DaemonLife::While(pidfd) => {
-            cmd.arg("--watch");
-            Some(pidfd.as_raw_fd())
+/// `agentvm egress-daemon` for one sandbox, in the calling thread's
+/// namespace, with the sockets it serves on, bound already.
+pub struct EgressDaemon<'a> {
+    pub policy: &'a str,
+    pub id: &'a str,
+    pub audit: &'a Path,
+    /// The resolver's socket (names in the policy) and its upstream.
+    pub dns: Option<HostDnsRelay>,
+    pub proxy: std::net::TcpListener,
+    /// Where `egress.log` goes.
+    pub run_dir: &'a Path,
+    pub life: DaemonLife<'a>,
+    /// The container tier's second resolver socket, in the workload's
+    /// namespace, and [`crate::egress::daemon::POOL_SIZE`] sockets there
+    /// connected to the resolver on its loopback.
+    pub workload_dns: Option<(UdpSocket, Vec<UdpSocket>)>,
+}
+
+impl EgressDaemon<'_> {
+    /// Starts it; its log is `egress.log` in `run_dir`.
+    pub fn spawn(self) -> Result<std::process::Child, NetError> {
+        use crate::egress::daemon::{
+            DNS_FD, FIRST_UNUSED_FD, POOL_SIZE, PROXY_FD, WATCH_FD, WORKLOAD_DNS_FD,
+        };
+        use std::os::unix::process::CommandExt;
+        let exe = std::fs::read_link("/proc/self/exe").map_err(io("find the agentvm binary"))?;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("egress-daemon")
+            .arg("--policy")
+            .arg(self.policy)
+            .arg("--id")
+            .arg(self.id)
+            .arg("--audit")
+            .arg(self.audit)
+            .arg("--own")
+            .arg(DNS_RELAY.to_string());
+        if let Some(up) = self.dns.as_ref().and_then(|d| d.upstream) {
+            cmd.arg("--upstream").arg(up.to_string());
         }
-    };
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(run_dir.join("egress.log"))
-        .map_err(io("open egress.log"))?;
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log);
-    let dns_fd = dns.as_ref().map(|d| d.listener.as_raw_fd());
-    let proxy_fd = proxy.as_raw_fd();
-    // SAFETY: between fork and exec only fcntl, dup2 and setsid, which are
-    // async-signal-safe; the descriptors stay open until spawn returns
-    // (this function owns or borrows them).
-    unsafe {
-        cmd.pre_exec(move || {
-            // Each source first above the targets (a source may be a
-            // target's number), then into place.
-            let wanted = [
-                (Some(proxy_fd), PROXY_FD),
-                (dns_fd, DNS_FD),
-                (watch_fd, WATCH_FD),
-            ];
-            let mut moved = [(-1, 0); 3];
-            for (slot, (from, to)) in moved.iter_mut().zip(wanted) {
-                if let Some(fd) = from {
-                    let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, WATCH_FD + 1);
-                    if high < 0 {
+        // (source descriptor, its number in the daemon)
+        let mut fds = vec![(self.proxy.as_raw_fd(), PROXY_FD)];
+        if let Some(d) = &self.dns {
+            cmd.arg("--dns");
+            fds.push((d.listener.as_raw_fd(), DNS_FD));
+        }
+        let (watch, detach) = match self.life {
+            DaemonLife::WithParent(pipe) => (pipe, false),
+            DaemonLife::While(pidfd) => (pidfd, true),
+        };
+        cmd.arg("--watch");
+        fds.push((watch.as_raw_fd(), WATCH_FD));
+        if detach {
+            cmd.arg("--detached");
+        }
+        if let Some((listener, pool)) = &self.workload_dns {
+            if pool.len() != POOL_SIZE as usize {
+                return Err(io("pass the workload's resolver sockets")(
+                    std::io::Error::from(std::io::ErrorKind::InvalidInput),
+                ));
+            }
+            cmd.arg("--workload-dns");
+            fds.push((listener.as_raw_fd(), WORKLOAD_DNS_FD));
+            for (i, s) in pool.iter().enumerate() {
+                fds.push((s.as_raw_fd(), WORKLOAD_DNS_FD + 1 + i as i32));
+            }
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.run_dir.join("egress.log"))
+            .map_err(io("open egress.log"))?;
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log);
+        let mut high = vec![-1; fds.len()];
+        // SAFETY: between fork and exec only fcntl, dup2 and setsid, which
+        // are async-signal-safe, and writes into `high`, allocated before
+        // the fork; the descriptors stay open until spawn returns (`self`
+        // owns or borrows them).
+        unsafe {
+            cmd.pre_exec(move || {
+                // Each source first above every target (a source may have
+                // a target's number), then into place.
+                for (slot, (from, _)) in high.iter_mut().zip(&fds) {
+                    *slot = libc::fcntl(*from, libc::F_DUPFD_CLOEXEC, FIRST_UNUSED_FD);
+                    if *slot < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    *slot = (high, to);
                 }
-            }
-            for (high, to) in moved {
-                if high >= 0 && libc::dup2(high, to) < 0 {
+                for (h, (_, to)) in high.iter().zip(&fds) {
+                    if libc::dup2(*h, *to) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if detach && libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-            }
-            if watch_fd.is_some() && libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+                Ok(())
+            });
+        }
+        if !detach {
+            crate::microvm::vmm::die_with_parent(&mut cmd);
+        }
+        crate::microvm::vmm::inherit_below(&mut cmd, FIRST_UNUSED_FD as u32);
+        cmd.spawn().map_err(io("start the egress daemon"))
     }
-    if watch_fd.is_none() {
-        crate::microvm::vmm::die_with_parent(&mut cmd);
-    }
-    crate::microvm::vmm::inherit_below(&mut cmd, WATCH_FD as u32 + 1);
-    let child = cmd.spawn().map_err(io("start the egress daemon"));
-    drop((dns, proxy));
-    child
 }
 
 /// The `nameserver` addresses of a resolv.conf.

@@ -272,6 +272,72 @@ fn a_server_on_the_host_bridge_address_is_reachable() {
     });
 }
 
+/// A dual-stack network: each runtime's container has the IPv6 address
+/// and gateway `docker inspect` reports, and reaches a runc container on
+/// the network over IPv6, as runc's does.
+#[test]
+fn ipv6_on_a_dual_stack_network_is_what_docker_inspect_reports() {
+    let base = require!(docker());
+    let net = Network::create(
+        base,
+        "ipv6",
+        &[
+            "--ipv6",
+            "--subnet",
+            "172.31.231.0/24",
+            "--subnet",
+            "fd00:db8:231::/64",
+        ],
+    );
+    let runc = docker_with(Runtime::Peer("runc".into())).expect("docker");
+    let web = runc.start("web6", &["--network", &net.name], &["sh", "-c", HTTPD]);
+    web.wait_for_log("serving");
+    let web6 = web.inspect(&format!(
+        "{{{{(index .NetworkSettings.Networks \"{}\").GlobalIPv6Address}}}}",
+        net.name
+    ));
+    assert!(web6.contains(':'), "web has an IPv6 address: {web6:?}");
+    each_runtime(|d| {
+        let c = d.start("inspect6", &["--network", &net.name], &["sleep", "600"]);
+        let want = c.inspect(&format!(
+            "{{{{(index .NetworkSettings.Networks \"{}\").GlobalIPv6Address}}}}",
+            net.name
+        ));
+        let gw = c.inspect(&format!(
+            "{{{{(index .NetworkSettings.Networks \"{}\").IPv6Gateway}}}}",
+            net.name
+        ));
+        let text = c
+            .exec(
+                &[],
+                &[
+                    "sh",
+                    "-c",
+                    &format!(
+                        "ip -6 -o addr show eth0 scope global; ip -6 route; \
+                         wget -q -O - 'http://[{web6}]/index.html'"
+                    ),
+                ],
+            )
+            .ok()
+            .out()
+            .to_string();
+        let name = d.runtime.docker_name();
+        assert!(
+            text.contains(&format!("inet6 {want}/64")),
+            "{name}: {want} in\n{text}"
+        );
+        assert!(
+            text.contains(&format!("default via {gw} dev eth0")),
+            "{name}: default via {gw} in\n{text}"
+        );
+        assert!(
+            text.contains("hello-from-the-container"),
+            "{name}: web over IPv6 in\n{text}"
+        );
+    });
+}
+
 #[test]
 fn network_none_has_loopback_only() {
     let _ = require!(docker());
@@ -299,16 +365,34 @@ fn network_host_is_refused_by_the_microvm_tier() {
     );
 }
 
+/// The policy runtimes of each tier that can run here: (the tier's plain
+/// runtime, its runtime with `suffix` — `offline`, `only-web`).
+fn policy_runtimes(suffix: &str) -> Vec<(Docker, Docker)> {
+    let mut out = vec![(
+        docker_with(Runtime::AgentvmContainer).expect("docker"),
+        Docker {
+            runtime: Runtime::Peer(format!("agentvm-container-{suffix}")),
+        },
+    )];
+    match common::guest::unavailable() {
+        Some(why) => eprintln!("skipped: microvm: {why}"),
+        None => out.push((
+            docker_with(Runtime::AgentvmDefault).expect("docker"),
+            Docker {
+                runtime: Runtime::Peer(format!("agentvm-{suffix}")),
+            },
+        )),
+    }
+    out
+}
+
 /// `--egress deny` through Docker's `runtimeArgs` (an `agentvm-offline`
-/// runtime): nothing leaves the sandbox, while its published port still
-/// serves (replies to connections from outside pass).
+/// runtime, `agentvm-container-offline` in the container tier): nothing
+/// leaves the sandbox, while its published port still serves (replies to
+/// connections from outside pass).
 #[test]
 fn an_offline_runtime_serves_its_port_but_reaches_nothing() {
     let base = require!(docker());
-    if let Some(why) = common::guest::unavailable() {
-        eprintln!("skipped: {why}");
-        return;
-    }
     let gateway = base.bridge_gateway();
     let listener = TcpListener::bind((gateway.as_str(), 0)).expect("listen on the bridge");
     let port = listener.local_addr().expect("addr").port();
@@ -320,44 +404,40 @@ fn an_offline_runtime_serves_its_port_but_reaches_nothing() {
         }
     });
     let url = format!("http://{gateway}:{port}/");
-    let online = docker_with(Runtime::AgentvmDefault).expect("docker");
-    let out = online.run_rm(&[], &["wget", "-q", "-O", "-", &url]).ok();
-    assert_eq!(out.out(), "from-the-host");
+    for (online, offline) in policy_runtimes("offline") {
+        eprintln!("-- {}", offline.runtime.docker_name());
+        let out = online.run_rm(&[], &["wget", "-q", "-O", "-", &url]).ok();
+        assert_eq!(out.out(), "from-the-host");
 
-    let offline = Docker {
-        runtime: Runtime::Peer("agentvm-offline".into()),
-    };
-    let out = offline.run_rm(&[], &["wget", "-q", "-O", "-", &url]);
-    assert!(
-        !out.success(),
-        "the offline sandbox reached the host: {out}"
-    );
+        let out = offline.run_rm(&[], &["wget", "-q", "-O", "-", &url]);
+        assert!(
+            !out.success(),
+            "the offline sandbox reached the host: {out}"
+        );
 
-    let c = offline.start("offline", &["-p", "127.0.0.1::80"], &["sh", "-c", HTTPD]);
-    c.wait_for_log("serving");
-    let hport = c.inspect("{{(index (index .NetworkSettings.Ports \"80/tcp\") 0).HostPort}}");
-    let addr = format!("127.0.0.1:{hport}");
-    let body = wait_for(30, || {
-        http_get(&addr, "/index.html")
-            .ok()
-            .filter(|b| !b.is_empty())
-    });
-    assert_eq!(
-        body.as_deref().map(String::from_utf8_lossy).as_deref(),
-        Some("hello-from-the-container\n"),
-        "the published port of an offline sandbox serves"
-    );
+        let c = offline.start("offline", &["-p", "127.0.0.1::80"], &["sh", "-c", HTTPD]);
+        c.wait_for_log("serving");
+        let hport = c.inspect("{{(index (index .NetworkSettings.Ports \"80/tcp\") 0).HostPort}}");
+        let addr = format!("127.0.0.1:{hport}");
+        let body = wait_for(30, || {
+            http_get(&addr, "/index.html")
+                .ok()
+                .filter(|b| !b.is_empty())
+        });
+        assert_eq!(
+            body.as_deref().map(String::from_utf8_lossy).as_deref(),
+            Some("hello-from-the-container\n"),
+            "the published port of an offline sandbox serves"
+        );
+    }
 }
 
 /// A policy naming a container by its network alias: the sandbox resolves
-/// and reaches it through Docker's embedded DNS, and nothing else by name.
+/// and reaches it through Docker's embedded DNS, and nothing else by name,
+/// in both tiers.
 #[test]
 fn a_policy_by_name_reaches_only_that_container() {
     let base = require!(docker());
-    if let Some(why) = common::guest::unavailable() {
-        eprintln!("skipped: {why}");
-        return;
-    }
     let net = Network::create(base, "egress-names", &[]);
     let runc = docker_with(Runtime::Peer("runc".into())).expect("docker");
     let web = runc.start(
@@ -372,29 +452,69 @@ fn a_policy_by_name_reaches_only_that_container() {
         &["sh", "-c", HTTPD],
     );
     other.wait_for_log("serving");
-    let sandbox = Docker {
-        runtime: Runtime::Peer("agentvm-only-web".into()),
-    };
-    let out = sandbox
-        .run_rm(
-            &["--network", &net.name],
-            &[
-                "sh",
-                "-c",
-                "wget -q -O - http://web/index.html; \
-                 wget -q -O - http://other/index.html && echo other-reached || echo other-refused; \
-                 nslookup -type=a other 127.0.0.11 >/dev/null 2>&1 && echo other-resolved || echo other-unresolved",
+    let other_ip = other.inspect("{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}");
+    for (_, sandbox) in policy_runtimes("only-web") {
+        eprintln!("-- {}", sandbox.runtime.docker_name());
+        // Root with `--cap-add NET_ADMIN` takes another address of the
+        // network (the microVM's guest and the container tier's own
+        // namespace are its to change): still nothing but `web`.
+        let out = sandbox
+            .run_rm(
+                &["--network", &net.name, "--cap-add", "NET_ADMIN"],
+                &[
+                    "sh",
+                    "-c",
+                    &format!(
+                        "wget -q -O - http://web/index.html; \
+                         gw=$(ip route | awk '/default/ {{print $3}}'); \
+                         ip addr flush dev eth0; ip addr add {spoof}/24 dev eth0; \
+                         ip route add default via $gw; \
+                         timeout -s KILL 10 wget -q -O - http://{other_ip}/index.html \
+                           && echo other-reached || echo other-refused",
+                        spoof = spoof_of(&other_ip),
+                    ),
+                ],
+            )
+            .ok();
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        assert_eq!(
+            lines,
+            vec!["hello-from-the-container", "other-refused"],
+            "{out}"
+        );
+        let out = sandbox
+            .run_rm(
+                &["--network", &net.name],
+                &[
+                    "sh",
+                    "-c",
+                    "wget -q -O - http://web/index.html; \
+                     wget -q -O - http://other/index.html && echo other-reached || echo other-refused; \
+                     nslookup -type=a other 127.0.0.11 >/dev/null 2>&1 && echo other-resolved || echo other-unresolved",
+                ],
+            )
+            .ok();
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        assert_eq!(
+            lines,
+            vec![
+                "hello-from-the-container",
+                "other-refused",
+                "other-unresolved"
             ],
-        )
-        .ok();
-    let lines: Vec<&str> = out.stdout.lines().collect();
-    assert_eq!(
-        lines,
-        vec![
-            "hello-from-the-container",
-            "other-refused",
-            "other-unresolved"
-        ],
-        "{out}"
-    );
+            "{out}"
+        );
+    }
+}
+
+/// An unused address in the /24 of `ip` (its last byte + 100, mod 250).
+fn spoof_of(ip: &str) -> String {
+    let mut parts: Vec<u32> = ip.split('.').filter_map(|p| p.parse().ok()).collect();
+    assert_eq!(parts.len(), 4, "an IPv4 address: {ip}");
+    parts[3] = (parts[3] + 100) % 250 + 2;
+    parts
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(".")
 }

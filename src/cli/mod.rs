@@ -167,9 +167,17 @@ pub struct EgressDaemonArgs {
     /// The namespace's service addresses, never a destination.
     #[arg(long = "own")]
     pub own: Vec<std::net::IpAddr>,
-    /// A pidfd is passed: the daemon ends when that process does.
+    /// A pidfd or a pipe is passed: the daemon ends when that process
+    /// does, or the pipe's writer closes it.
     #[arg(long)]
     pub watch: bool,
+    /// Not tied to its parent's life (no parent-death signal).
+    #[arg(long)]
+    pub detached: bool,
+    /// A resolver socket in the workload's namespace and a pool of
+    /// sockets connected to its resolver are passed.
+    #[arg(long = "workload-dns")]
+    pub workload_dns: bool,
 }
 
 #[derive(Args, Debug)]
@@ -303,8 +311,25 @@ fn egress_daemon(args: EgressDaemonArgs) -> anyhow::Result<u8> {
         // says --watch, and nothing else here owns it.
         unsafe { std::os::fd::OwnedFd::from_raw_fd(daemon::WATCH_FD) }
     });
+    let workload_dns = args.workload_dns.then(|| {
+        let take = |fd| {
+            // SAFETY: the parent passes these UDP sockets as descriptors
+            // WORKLOAD_DNS_FD.. when it says --workload-dns; nothing else
+            // here owns them.
+            unsafe { std::net::UdpSocket::from_raw_fd(fd) }
+        };
+        let pool = (1..=daemon::POOL_SIZE)
+            .map(|i| take(daemon::WORKLOAD_DNS_FD + i))
+            .collect();
+        (
+            take(daemon::WORKLOAD_DNS_FD),
+            std::sync::Arc::new(crate::egress::resolver::SocketPool::new(pool)),
+        )
+    });
     daemon::run(Options {
         watch,
+        detached: args.detached,
+        workload_dns,
         policy,
         id: args.id,
         audit: args.audit,

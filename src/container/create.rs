@@ -119,16 +119,21 @@ fn build(
         .map_err(lc_error)
 }
 
-/// What libcontainer left out, done while the init waits for `start`: the
-/// mounts' flags and propagation, loopback in a new network namespace, and
-/// the terminal's size.
-fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> {
-    let pid = container
+/// The created container's init.
+fn init_pid(container: &Container) -> Result<i32, ContainerError> {
+    Ok(container
         .pid()
         .ok_or_else(|| {
             ContainerError::Libcontainer("the created container has no init pid".into())
         })?
-        .as_raw();
+        .as_raw())
+}
+
+/// What libcontainer left out, done while the init waits for `start`: the
+/// mounts' flags and propagation, loopback in a new network namespace, and
+/// the terminal's size.
+fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> {
+    let pid = init_pid(container)?;
     fixup::apply(pid, &fixup::plan(&bundle.spec))?;
     if fixup::new_network_namespace(&bundle.spec) {
         fixup::loopback_up(pid)?;
@@ -147,12 +152,7 @@ fn enforce(
     policy: &crate::egress::Policy,
     audit: &std::path::Path,
 ) -> Result<(), ContainerError> {
-    let pid = container
-        .pid()
-        .ok_or_else(|| {
-            ContainerError::Libcontainer("the created container has no init pid".into())
-        })?
-        .as_raw();
+    let pid = init_pid(container)?;
     super::egress::enforce(
         &container.root,
         container.id(),

@@ -45,6 +45,8 @@ const RECORD: &str = "egress.json";
 const ROUTER_PIN: &str = "egress-router.netns";
 /// The workload's namespace's bind mount (Docker's goes with the init).
 const WORKLOAD_PIN: &str = "egress-workload.netns";
+/// The alias of the pair's end in the workload's namespace.
+const PEER_ALIAS: &str = "agentvm-egress";
 
 #[derive(Debug, thiserror::Error)]
 pub enum EgressError {
@@ -53,6 +55,13 @@ pub enum EgressError {
          shares the host's"
     )]
     HostNetwork,
+    #[error(
+        "egress policy: the container's network namespace is behind another container's \
+         egress router already (a shared namespace takes one policy, set on its first container)"
+    )]
+    AlreadyRouted,
+    #[error("egress policy: interface {link} cannot leave the container's namespace: {source}")]
+    Move { link: String, source: NetlinkError },
     #[error("egress policy: {0}")]
     Router(#[from] router::NetError),
     #[error("egress policy: {0}")]
@@ -89,6 +98,9 @@ fn sys(what: impl Into<String>) -> impl FnOnce(nix::errno::Errno) -> EgressError
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct Record {
     moved: Vec<Interface>,
+    /// Those of them that were down (given back down).
+    #[serde(default)]
+    down: Vec<String>,
     daemon_pid: Option<i32>,
     daemon_start_time: Option<u64>,
 }
@@ -164,17 +176,24 @@ fn unpin(path: &Path) {
     let _ = std::fs::remove_file(path);
 }
 
-/// The interfaces of the calling thread's namespace that the workload
-/// reaches the network through: Ethernet, up, with an IPv4 address.
+/// Every interface of the calling thread's namespace but loopback, as it
+/// is. All of them leave the workload's namespace: one left behind (a
+/// second veth, down, IPv6-only or not Ethernet) would be a way out that
+/// root in the workload could bring up. Those the router cannot route
+/// (down, without IPv4, not Ethernet) get no pair: cut off, as the policy
+/// cannot judge their traffic.
 fn interfaces(nl: &mut Netlink) -> Result<Vec<(Link, Interface)>, EgressError> {
     let links = nl.links()?;
     let addrs = nl.addresses()?;
     let routes = nl.routes()?;
+    if links.iter().any(|l| l.alias.as_deref() == Some(PEER_ALIAS)) {
+        return Err(EgressError::AlreadyRouted);
+    }
     let mut out = Vec::new();
     for link in links {
-        let Some(mac) = link.mac.filter(|_| link.ether && link.up && !link.loopback) else {
+        if link.loopback {
             continue;
-        };
+        }
         let mine: Vec<IpNet> = addrs
             .iter()
             .filter(|a| a.index == link.index && a.global)
@@ -183,13 +202,14 @@ fn interfaces(nl: &mut Netlink) -> Result<Vec<(Link, Interface)>, EgressError> {
                 prefix: a.prefix,
             })
             .collect();
-        if !mine.iter().any(|a| a.addr.is_ipv4()) {
-            continue;
-        }
         let mut own: Vec<_> = routes
             .iter()
             .filter(|r| {
-                r.table == TABLE_MAIN && r.kind == RouteKind::Unicast && r.oif == Some(link.index)
+                r.table == TABLE_MAIN
+                    && r.kind == RouteKind::Unicast
+                    && r.oif == Some(link.index)
+                    // The kernel's own, back with the link.
+                    && !matches!(r.dst, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80)
             })
             .collect();
         // On-link routes first: a gateway must be reachable when its route
@@ -197,7 +217,11 @@ fn interfaces(nl: &mut Netlink) -> Result<Vec<(Link, Interface)>, EgressError> {
         own.sort_by_key(|r| r.gateway.is_some());
         let iface = Interface {
             name: link.name.clone(),
-            mac: netlink::format_mac(&mac),
+            mac: link
+                .mac
+                .as_ref()
+                .map(netlink::format_mac)
+                .unwrap_or_default(),
             mtu: link.mtu,
             addresses: mine,
             routes: own
@@ -276,6 +300,11 @@ fn route(
     let router = new_netns()?;
     let mut record = Record {
         moved: found.iter().map(|(_, i)| i.clone()).collect(),
+        down: found
+            .iter()
+            .filter(|(l, _)| !l.up)
+            .map(|(l, _)| l.name.clone())
+            .collect(),
         ..Default::default()
     };
     // Written before anything moves, so that teardown knows what to undo.
@@ -285,7 +314,11 @@ fn route(
     in_ns(workload, || {
         let mut nl = Netlink::open()?;
         for (link, _) in &found {
-            nl.move_link(link.index, router.as_raw_fd())?;
+            nl.move_link(link.index, router.as_raw_fd())
+                .map_err(|source| EgressError::Move {
+                    link: link.name.clone(),
+                    source,
+                })?;
         }
         Ok(())
     })?;
@@ -294,13 +327,34 @@ fn route(
         .map(|t| router::nameservers(&t))
         .unwrap_or_default();
     let pidfd = pidfd_open(pid)?;
+    // Docker's embedded DNS, on the workload's loopback: a resolver of
+    // the policy's beside it answers the workload.
+    let loopback = resolv.iter().find_map(|ip| match ip {
+        IpAddr::V4(v4) if v4.is_loopback() => Some(*v4),
+        _ => None,
+    });
+    let (workload_dns, workload_dns_port) = match loopback.filter(|_| policy.has_names()) {
+        Some(resolver) => {
+            let (listener, pool) = in_ns(workload, || workload_sockets(resolver))?;
+            let port = listener
+                .local_addr()
+                .map_err(io("read the resolver's port"))?
+                .port();
+            (Some((listener, pool)), Some((resolver, port)))
+        }
+        None => (None, None),
+    };
     let (guest, daemon) = in_ns(&router, || {
         let mut nl = Netlink::open()?;
         let links = nl.links()?;
         if let Some(lo) = links.iter().find(|l| l.loopback) {
             nl.set_link(lo.index, None, None, None, true)?;
         }
-        for iface in &record.moved {
+        for iface in record
+            .moved
+            .iter()
+            .filter(|i| !record.down.contains(&i.name))
+        {
             let link = links
                 .iter()
                 .find(|l| l.name == iface.name)
@@ -320,6 +374,11 @@ fn route(
         ) {
             plumbed.install_egress(&rules)?;
         }
+        if plumbed.guest.interfaces.is_empty() {
+            // Nothing the router can route: the workload is cut off, and
+            // no daemon is needed.
+            return Ok((plumbed.guest.clone(), None));
+        }
         let dns = if policy.has_names() {
             let listener = UdpSocket::bind(SocketAddr::new(IpAddr::V4(DNS_RELAY), 53))
                 .map_err(io(format!("bind {DNS_RELAY}:53")))?;
@@ -335,23 +394,27 @@ fn route(
             .proxy
             .take()
             .ok_or_else(|| EgressError::Lost("the router", "the proxy's listener".into()))?;
-        let daemon = router::spawn_egress_daemon(
-            &policy.to_string(),
+        let daemon = router::EgressDaemon {
+            policy: &policy.to_string(),
             id,
             audit,
             dns,
             proxy,
-            dir,
-            DaemonLife::While(pidfd.as_fd()),
-        )?;
+            run_dir: dir,
+            life: DaemonLife::While(pidfd.as_fd()),
+            workload_dns,
+        }
+        .spawn()?;
         let guest = plumbed.guest.clone();
         plumbed.keep();
-        Ok((guest, daemon))
+        Ok((guest, Some(daemon)))
     })?;
-    record.daemon_pid = Some(daemon.id() as i32);
-    record.daemon_start_time = crate::state::process_start_time(daemon.id() as i32);
-    record.save(dir)?;
-    drop(daemon);
+    let workload_dns_port = workload_dns_port.filter(|_| daemon.is_some());
+    if let Some(daemon) = daemon {
+        record.daemon_pid = Some(daemon.id() as i32);
+        record.daemon_start_time = crate::state::process_start_time(daemon.id() as i32);
+        record.save(dir)?;
+    }
 
     in_ns(workload, || {
         let mut nl = Netlink::open()?;
@@ -362,9 +425,45 @@ fn route(
                 .find(|l| l.name == iface.name)
                 .ok_or_else(|| EgressError::Lost("the container", iface.name.clone()))?;
             netlink::configure_interface(&mut nl, link, iface)?;
+            nl.set_alias(link.index, PEER_ALIAS)?;
+        }
+        if let Some((resolver, port)) = workload_dns_port {
+            crate::egress::nft::apply(&crate::egress::workload_dns_ruleset(resolver, port))
+                .map_err(router::NetError::Nft)?;
         }
         Ok(())
     })
+}
+
+/// In the workload's namespace: the policy's resolver socket beside the
+/// one on `resolver`, and sockets connected to that one, marked to pass
+/// the redirect.
+fn workload_sockets(
+    resolver: std::net::Ipv4Addr,
+) -> Result<(UdpSocket, Vec<UdpSocket>), EgressError> {
+    let listener = UdpSocket::bind((resolver, 0)).map_err(io(format!("bind {resolver}")))?;
+    let mut pool = Vec::new();
+    for _ in 0..crate::egress::daemon::POOL_SIZE {
+        let sock = UdpSocket::bind(("0.0.0.0", 0)).map_err(io("bind a resolver socket"))?;
+        let mark = crate::egress::WORKLOAD_DNS_MARK;
+        // SAFETY: SO_MARK reads a c_uint of the given size from `mark`.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_MARK,
+                (&mark as *const u32).cast(),
+                std::mem::size_of::<u32>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io("mark a resolver socket")(std::io::Error::last_os_error()));
+        }
+        sock.connect((resolver, 53))
+            .map_err(io(format!("connect to {resolver}:53")))?;
+        pool.push(sock);
+    }
+    Ok((listener, pool))
 }
 
 /// Where the policy's resolver sends allowed names: the container's first
@@ -407,7 +506,7 @@ pub fn teardown(dir: &Path) {
     let workload = File::open(dir.join(WORKLOAD_PIN)).ok();
     let router = File::open(dir.join(ROUTER_PIN)).ok();
     if let (Some(workload), Some(router)) = (&workload, &router) {
-        if let Err(e) = give_back(workload, router, &record.moved) {
+        if let Err(e) = give_back(workload, router, &record.moved, &record.down) {
             tracing::warn!("egress policy: cannot give the container's interfaces back: {e}");
         }
     }
@@ -416,19 +515,22 @@ pub fn teardown(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(RECORD));
 }
 
-fn give_back(workload: &File, router: &File, moved: &[Interface]) -> Result<(), EgressError> {
-    in_ns(workload, || {
+fn give_back(
+    workload: &File,
+    router: &File,
+    moved: &[Interface],
+    down: &[String],
+) -> Result<(), EgressError> {
+    in_ns(router, || {
         let mut nl = Netlink::open()?;
+        // Our pairs first, by their ends here, which the workload cannot
+        // rename: their ends in its namespace go with them, whatever they
+        // are called now.
         for link in nl.links()? {
-            if moved.iter().any(|m| m.name == link.name) {
-                // Our pair's end: its router end goes with it.
+            if link.name.starts_with(router::VETH_PREFIX) {
                 nl.del_link(link.index)?;
             }
         }
-        Ok(())
-    })?;
-    in_ns(router, || {
-        let mut nl = Netlink::open()?;
         for link in nl.links()? {
             if moved.iter().any(|m| m.name == link.name) {
                 nl.move_link(link.index, workload.as_raw_fd())?;
@@ -437,9 +539,11 @@ fn give_back(workload: &File, router: &File, moved: &[Interface]) -> Result<(), 
         Ok(())
     })?;
     in_ns(workload, || {
+        // The resolver redirect, if any.
+        let _ = crate::egress::nft::remove();
         let mut nl = Netlink::open()?;
         let links = nl.links()?;
-        for iface in moved {
+        for iface in moved.iter().filter(|i| !down.contains(&i.name)) {
             if let Some(link) = links.iter().find(|l| l.name == iface.name) {
                 netlink::configure_interface(&mut nl, link, iface)?;
             }
@@ -448,13 +552,22 @@ fn give_back(workload: &File, router: &File, moved: &[Interface]) -> Result<(), 
     })
 }
 
-/// SIGKILLs the daemon if `pid` is still it, and waits (briefly) for it to
-/// be gone.
+/// Ends the daemon if `pid` is still it: it ends by itself once the init
+/// is gone, after writing the flows still open, so it gets a moment for
+/// that before SIGKILL; then waits (briefly) for it to be gone.
 fn kill_daemon(pid: i32, start: Option<u64>) {
     use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;
     if start.is_none() || crate::state::process_start_time(pid) != start {
         return;
+    }
+    let grace = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while !crate::state::process_gone(pid) && std::time::Instant::now() < grace {
+        let _ = nix::sys::wait::waitpid(
+            Pid::from_raw(pid),
+            Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

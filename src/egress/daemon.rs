@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::proxy::{Proxy, Resolved};
-use super::resolver::{AddElements, Shared};
+use super::resolver::{AddElements, Shared, SocketPool, Upstream};
 use super::trail::Trail;
 use super::{Policy, PolicyError};
 
@@ -29,8 +29,16 @@ use super::{Policy, PolicyError};
 pub const DNS_FD: i32 = 3;
 /// The proxy's TCP listener.
 pub const PROXY_FD: i32 = 4;
-/// A pidfd of the process whose life the daemon's is (`--watch`).
+/// A pidfd of the process whose life the daemon's is, or the read end of
+/// a pipe its parent closes to end it (`--watch`).
 pub const WATCH_FD: i32 = 5;
+/// The workload namespace's resolver socket (`--workload-dns`), followed
+/// by [`POOL_SIZE`] sockets connected to the resolver there.
+pub const WORKLOAD_DNS_FD: i32 = 6;
+/// Queries to the workload namespace's resolver at once.
+pub const POOL_SIZE: i32 = 8;
+/// The first descriptor the daemon does not inherit.
+pub const FIRST_UNUSED_FD: i32 = WORKLOAD_DNS_FD + 1 + POOL_SIZE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -44,6 +52,8 @@ pub enum DaemonError {
     Proxy(std::io::Error),
     #[error("egress daemon: {0}")]
     Jail(#[from] crate::jail::JailError),
+    #[error("egress daemon: {0}")]
+    Flows(#[from] super::conntrack::ConntrackError),
     #[error("egress daemon: cannot start a thread: {0}")]
     Thread(std::io::Error),
 }
@@ -59,8 +69,17 @@ pub struct Options {
     /// The namespace's service addresses (never a destination).
     pub own: Vec<IpAddr>,
     pub add: AddElements,
-    /// The daemon ends, without an error, when this pidfd's process does.
+    /// The daemon ends, without an error, when this descriptor becomes
+    /// readable: a pidfd whose process exited, or a pipe whose writer
+    /// closed it (the supervisor's way of saying "end now").
     pub watch: Option<OwnedFd>,
+    /// Not tied to its parent's life (the container tier's, which
+    /// outlives `create`): no parent-death signal.
+    pub detached: bool,
+    /// A second resolver, in the container tier's workload namespace, for
+    /// the queries to a resolver on its loopback (Docker's embedded DNS),
+    /// which it reaches through the pool's sockets.
+    pub workload_dns: Option<(UdpSocket, Arc<SocketPool>)>,
 }
 
 /// Runs until a part stops (which is an error: they serve forever).
@@ -74,9 +93,30 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
     // Bind the log group before anything is served, so the first denial
     // is seen.
     let log = super::nflog::open()?;
+    // The ends of the flows UDP rules allow, each with its bytes.
+    let flows = if rules.iter().any(|r| r.proto == super::Proto::Udp) {
+        Some(Arc::new(super::conntrack::open()?))
+    } else {
+        None
+    };
     // Everything it opens with privilege is open: jail it.
-    super::jail::enter(rules.iter().any(super::resolver::has_sets))?;
+    super::jail::enter(
+        rules.iter().any(super::resolver::has_sets),
+        flows.is_some(),
+        !opts.detached,
+    )?;
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Option<DaemonError>>();
+    if let Some(flows) = flows.clone() {
+        let (rules, trail, done) = (rules.clone(), trail.clone(), done_tx.clone());
+        std::thread::Builder::new()
+            .name("egress-flows".into())
+            .spawn(move || {
+                if let Err(e) = super::conntrack::serve(&flows, &rules, &trail) {
+                    let _ = done.send(Some(e.into()));
+                }
+            })
+            .map_err(DaemonError::Thread)?;
+    }
     if let Some(pidfd) = opts.watch {
         let done = done_tx.clone();
         std::thread::Builder::new()
@@ -89,26 +129,33 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
     }
 
     {
-        let (rules, trail, done) = (rules.clone(), trail.clone(), done_tx.clone());
+        let (trail, done) = (trail.clone(), done_tx.clone());
         std::thread::Builder::new()
             .name("egress-log".into())
             .spawn(move || {
-                if let Err(e) = super::nflog::serve(log, &rules, &trail) {
+                if let Err(e) = super::nflog::serve(log, &trail) {
                     let _ = done.send(Some(e.into()));
                 }
             })
             .map_err(DaemonError::Thread)?;
     }
-    if let Some(dns) = opts.dns {
+    let has_dns = opts.dns.is_some();
+    let resolvers = [
+        opts.dns
+            .map(|d| (d, opts.upstream.map(Upstream::At), "egress-dns")),
+        opts.workload_dns
+            .map(|(d, pool)| (d, Some(Upstream::Pool(pool)), "egress-dns-in")),
+    ];
+    for (dns, upstream, name) in resolvers.into_iter().flatten() {
         let shared = Shared {
             rules: rules.clone(),
             resolved: resolved.clone(),
             trail: trail.clone(),
             add: opts.add.clone(),
         };
-        let (upstream, done) = (opts.upstream, done_tx.clone());
+        let done = done_tx.clone();
         std::thread::Builder::new()
-            .name("egress-dns".into())
+            .name(name.into())
             .spawn(move || {
                 if let Err(e) = super::resolver::serve(shared, dns, upstream) {
                     let _ = done.send(Some(e.into()));
@@ -116,11 +163,23 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
             })
             .map_err(DaemonError::Thread)?;
     }
+    let dns_over_tcp = has_dns.then(|| {
+        (
+            Shared {
+                rules: rules.clone(),
+                resolved: resolved.clone(),
+                trail: trail.clone(),
+                add: opts.add.clone(),
+            },
+            opts.upstream,
+        )
+    });
     let proxy = Arc::new(Proxy {
-        rules,
+        rules: rules.clone(),
         resolved,
-        trail,
+        trail: trail.clone(),
         own: opts.own,
+        dns: dns_over_tcp,
     });
     let listener = opts.proxy;
     std::thread::Builder::new()
@@ -133,14 +192,21 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
         .map_err(DaemonError::Thread)?;
     match done_rx.recv() {
         Ok(Some(e)) => Err(e),
-        Ok(None) => Ok(()),
+        // Told to end: the flows still open are written first.
+        Ok(None) => {
+            if let Some(flows) = &flows {
+                super::conntrack::flush(flows, &rules, &trail);
+            }
+            Ok(())
+        }
         // Every sender gone without a word: cannot happen while the proxy
         // thread lives, as it holds one.
         Err(_) => Ok(()),
     }
 }
 
-/// Blocks until `fd` (a pidfd: its process exited) is readable.
+/// Blocks until `fd` is readable (a pidfd: its process exited; a pipe:
+/// its writer closed it).
 fn wait_readable(fd: &OwnedFd) {
     let mut p = libc::pollfd {
         fd: fd.as_raw_fd(),

@@ -2,8 +2,10 @@
 //! queries, the first bytes of every TCP connection, logged packets) and
 //! what upstream resolvers answer, so once its sockets are open it keeps
 //! nothing it does not need: it becomes `nobody`, drops every capability —
-//! but `CAP_NET_ADMIN` when a UDP rule names a host, to add the addresses
-//! it resolves to that rule's nftables set with `nft` — and runs under a
+//! but `CAP_NET_ADMIN` when the policy has UDP rules, to dump the flows
+//! still open when it ends (`conntrack.rs`) and, when a UDP rule names a
+//! host, to add the addresses it resolves to that rule's nftables set with
+//! `nft` — and runs under a
 //! seccomp allow-list of what its threads do: accept, connect, splice,
 //! send and receive. Exec (but for `nft` then), ptrace, mounts, namespace
 //! changes and new privileges end it.
@@ -117,20 +119,25 @@ const FOR_NFT: &[&str] = &[
     "pidfd_send_signal",
 ];
 
-/// Enters the jail; `nft` when the daemon must be able to run `nft`.
-/// The parent-death signal is set again (a change of user clears it), and
-/// the daemon ends if its parent is already gone.
-pub fn enter(nft: bool) -> Result<(), JailError> {
+/// Enters the jail; `nft` when the daemon must be able to run `nft`,
+/// `net_admin` when it keeps `CAP_NET_ADMIN` (the flows' final dump).
+/// With `with_parent` (the microVM's supervisor's daemon) the
+/// parent-death signal is set again (a change of user clears it), and the
+/// daemon ends if its parent is already gone; a detached daemon (the
+/// container tier's, which outlives `create`) watches its init instead.
+pub fn enter(nft: bool, net_admin: bool, with_parent: bool) -> Result<(), JailError> {
     // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
     jail::become_user(DAEMON_UID)?;
-    // SAFETY: prctl(PR_SET_PDEATHSIG, SIGKILL) takes no pointers.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
-    // SAFETY: as above.
-    if unsafe { libc::getppid() } != parent {
-        std::process::exit(0);
+    if with_parent {
+        // SAFETY: prctl(PR_SET_PDEATHSIG, SIGKILL) takes no pointers.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+        // SAFETY: as above.
+        if unsafe { libc::getppid() } != parent {
+            std::process::exit(0);
+        }
     }
-    let keep: &[caps::Capability] = if nft {
+    let keep: &[caps::Capability] = if nft || net_admin {
         &[caps::Capability::CAP_NET_ADMIN]
     } else {
         &[]
@@ -162,7 +169,7 @@ mod tests {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
-            let code = match enter(nft) {
+            let code = match enter(nft, nft, true) {
                 Ok(()) => f(),
                 Err(e) => {
                     eprintln!("{e}");

@@ -26,6 +26,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
 
+pub mod conntrack;
 pub mod daemon;
 pub mod jail;
 pub mod nflog;
@@ -45,6 +46,33 @@ pub const LOCAL_MARK: u32 = 0x6176;
 /// packets carrying [`LOCAL_MARK`], and its rule's priority.
 pub const LOCAL_TABLE: u8 = 176;
 pub const LOCAL_RULE_PRIORITY: u32 = 176;
+/// Mark of the egress daemon's sockets to a resolver on the container
+/// tier's workload loopback, which [`workload_dns_ruleset`] lets through.
+pub const WORKLOAD_DNS_MARK: u32 = 0x6177;
+
+/// The rules in the container tier's workload namespace when the policy
+/// has names and the container's resolver is on its loopback (Docker's
+/// embedded DNS): UDP queries to it go to the policy's resolver listening
+/// at `port` on the same address instead (before Docker's own redirect),
+/// TCP ones are refused; only the resolver's own sockets
+/// ([`WORKLOAD_DNS_MARK`]) reach Docker's. A workload with `CAP_NET_ADMIN`
+/// can delete these rules, and then resolve names the policy does not
+/// allow — but not connect to them: the proxy in the router allows only
+/// addresses the policy's resolvers answered.
+pub fn workload_dns_ruleset(resolver: Ipv4Addr, port: u16) -> String {
+    format!(
+        "table inet {NFT_TABLE} {{\n\
+         \x20 chain dns_redirect {{\n\
+         \x20   type nat hook output priority -110; policy accept;\n\
+         \x20   meta mark != {WORKLOAD_DNS_MARK} ip daddr {resolver} udp dport 53 dnat ip to {resolver}:{port}\n\
+         \x20 }}\n\
+         \x20 chain dns_tcp {{\n\
+         \x20   type filter hook output priority 0; policy accept;\n\
+         \x20   meta mark != {WORKLOAD_DNS_MARK} ip daddr {resolver} tcp dport 53 reject with tcp reset\n\
+         \x20 }}\n\
+         }}\n"
+    )
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
@@ -550,7 +578,8 @@ pub fn ruleset(
             .port
             .map(|p| format!(" udp dport {p}"))
             .unwrap_or_else(|| " meta l4proto udp".to_string());
-        let log = format!("log prefix \"{}\" group {group}", nflog::prefix_allowed(i));
+        // Marked, so that the flow's end is written with its bytes.
+        let log = format!("ct mark set {:#x}", conntrack::mark(i));
         match &r.target {
             Target::Net { addr, prefix } => {
                 let family = if addr.is_ipv4() { "ip" } else { "ip6" };
@@ -807,7 +836,7 @@ mod tests {
             "{r}"
         );
         assert!(
-            r.contains("ip daddr @r2_v4 udp dport 123 counter log prefix \"agentvm allow 2\" group 176 accept"),
+            r.contains("ip daddr @r2_v4 udp dport 123 counter ct mark set 0x6f000002 accept"),
             "{r}"
         );
         assert!(r.contains("ip6 daddr @r2_v6 udp dport 123"), "{r}");
@@ -841,7 +870,7 @@ mod tests {
         // TCP rules are judged by the proxy, not listed here.
         assert!(!r.contains("10.1.0.0/16"), "{r}");
         assert!(
-            r.contains("ip daddr 192.0.2.7/32 udp dport 53 counter log prefix \"agentvm allow 1\" group 176 accept"),
+            r.contains("ip daddr 192.0.2.7/32 udp dport 53 counter ct mark set 0x6f000001 accept"),
             "{r}"
         );
         assert!(

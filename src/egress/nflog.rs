@@ -1,9 +1,10 @@
-//! What nftables reports of the sandbox's non-TCP traffic. The egress rules
-//! log each new flow they judge — denied, or allowed by a UDP rule — to the
-//! netlink log group [`GROUP`] of the container's namespace, with a prefix
-//! saying which ([`prefix_denied`], [`prefix_allowed`]); the egress daemon
-//! reads them here and turns them into audit events. TCP never gets here:
-//! the proxy sees and records every TCP connection itself.
+//! What nftables reports of the sandbox's traffic it refuses. The egress
+//! rules log each new flow they deny, and each packet from a source that is
+//! not the sandbox's, to the netlink log group [`GROUP`] of the container's
+//! namespace, with a prefix saying which ([`prefix_denied`],
+//! [`prefix_spoofed`]); the egress daemon reads them here and turns them
+//! into audit events. TCP connections are the proxy's to record, and the
+//! UDP flows a rule allows are written at their end (`conntrack.rs`).
 //!
 //! Only the packet's first [`COPY_RANGE`] bytes are copied from the
 //! kernel, and the packet is the sandbox's: its headers are parsed with a
@@ -21,7 +22,6 @@ use netlink_sys::{constants::NETLINK_NETFILTER, Socket};
 use crate::audit::{Event, Verdict};
 
 use super::trail::Trail;
-use super::Rule;
 
 /// The netlink log group of the egress rules (per network namespace).
 pub const GROUP: u16 = 176;
@@ -37,11 +37,6 @@ pub fn prefix_denied() -> &'static str {
 /// sandbox's.
 pub fn prefix_spoofed() -> &'static str {
     "agentvm spoof"
-}
-
-/// The prefix of flows rule `index` allowed.
-pub fn prefix_allowed(index: usize) -> String {
-    format!("agentvm allow {index}")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,8 +65,6 @@ pub enum Logged {
     Denied,
     /// A source address or MAC that is not the sandbox's.
     Spoofed,
-    /// Allowed by rule N.
-    Allowed(usize),
 }
 
 /// The protocol, destination and destination port of an IP packet.
@@ -135,16 +128,12 @@ pub fn parse_prefix(prefix: &[u8]) -> Option<Logged> {
     if p == prefix_spoofed() {
         return Some(Logged::Spoofed);
     }
-    let index = p.strip_prefix("agentvm allow ")?.parse().ok()?;
-    Some(Logged::Allowed(index))
+    None
 }
 
 /// What one logged packet says: the limiter's key, the verdict, and the
 /// event (given the count of suppressed denials before it).
-pub fn event(
-    rules: &[Rule],
-    nlas: &[PacketNla],
-) -> Option<(String, Verdict, impl FnOnce(u64) -> Event)> {
+pub fn event(nlas: &[PacketNla]) -> Option<(String, Verdict, impl FnOnce(u64) -> Event)> {
     let mut prefix = None;
     let mut payload = None;
     for nla in nlas {
@@ -174,12 +163,6 @@ pub fn event(
                 "spoof {} {} {}:{}",
                 flow.src, flow.proto, flow.dst, flow.port
             ),
-        ),
-        Logged::Allowed(i) => (
-            Verdict::Allowed,
-            rules.get(i).map(|r| r.to_string()),
-            None,
-            format!("allow {} {}:{}", flow.proto, flow.dst, flow.port),
         ),
     };
     let build = move |suppressed| Event::Connection {
@@ -259,7 +242,7 @@ pub fn open() -> Result<Socket, NflogError> {
 }
 
 /// Reads logged packets until the socket fails, recording each.
-pub fn serve(socket: Socket, rules: &[Rule], trail: &Trail) -> Result<(), NflogError> {
+pub fn serve(socket: Socket, trail: &Trail) -> Result<(), NflogError> {
     let mut buf = vec![0u8; 1 << 16];
     loop {
         let n = match socket.recv(&mut &mut buf[..], 0) {
@@ -285,12 +268,9 @@ pub fn serve(socket: Socket, rules: &[Rule], trail: &Trail) -> Result<(), NflogE
                 ..
             }) = &msg.payload
             {
-                if let Some((key, verdict, build)) = event(rules, nlas) {
-                    match verdict {
-                        Verdict::Denied => trail.limited(&key, build),
-                        // One line per new flow (the rule logs only those).
-                        Verdict::Allowed => trail.record(build(0)),
-                    }
+                // Only refusals are logged: rate-limited per destination.
+                if let Some((key, _, build)) = event(nlas) {
+                    trail.limited(&key, build);
                 }
             }
             if len == 0 {
@@ -341,10 +321,6 @@ mod tests {
     fn prefixes_name_the_verdict_and_rule() {
         assert_eq!(parse_prefix(b"agentvm deny\0"), Some(Logged::Denied));
         assert_eq!(parse_prefix(b"agentvm spoof\0"), Some(Logged::Spoofed));
-        assert_eq!(
-            parse_prefix(prefix_allowed(3).as_bytes()),
-            Some(Logged::Allowed(3))
-        );
         assert_eq!(parse_prefix(b"agentvm allow x"), None);
         assert_eq!(parse_prefix(b"something else"), None);
     }

@@ -586,6 +586,9 @@ pub struct Proxy {
     pub resolved: Arc<Resolved>,
     pub trail: Arc<Trail>,
     pub own: Vec<IpAddr>,
+    /// With names in the policy: DNS over TCP (any connection to port 53)
+    /// is served by the policy's resolver, with this upstream.
+    pub dns: Option<(super::resolver::Shared, Option<SocketAddr>)>,
 }
 
 impl Proxy {
@@ -643,6 +646,9 @@ impl Proxy {
 
     fn handle(&self, client: TcpStream, dst: SocketAddr) {
         let started = Instant::now();
+        if let (53, Some((shared, upstream))) = (dst.port(), &self.dns) {
+            return super::resolver::serve_tcp(shared, client, *upstream);
+        }
         if forbidden(dst.ip(), &self.own) {
             self.deny(dst, None, "the namespace's own address".into());
             return reset(client);

@@ -19,7 +19,7 @@
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
@@ -209,11 +209,106 @@ pub struct Shared {
     pub add: AddElements,
 }
 
+/// Where allowed queries go.
+#[derive(Debug, Clone)]
+pub enum Upstream {
+    /// A resolver the daemon's namespace reaches: a socket of its own per
+    /// query.
+    At(SocketAddr),
+    /// A resolver only another namespace reaches — Docker's embedded DNS,
+    /// on loopback in the container tier's workload namespace — through
+    /// sockets opened there, connected to it, for the daemon.
+    Pool(Arc<SocketPool>),
+}
+
+/// Connected UDP sockets lent to one query at a time.
+#[derive(Debug)]
+pub struct SocketPool {
+    free: Mutex<Vec<UdpSocket>>,
+    returned: Condvar,
+}
+
+impl SocketPool {
+    pub fn new(sockets: Vec<UdpSocket>) -> SocketPool {
+        SocketPool {
+            free: Mutex::new(sockets),
+            returned: Condvar::new(),
+        }
+    }
+
+    /// A socket, waiting up to `wait` for one; what a late answer to its
+    /// last query left in it is dropped first.
+    fn take(self: &Arc<Self>, wait: Duration) -> Option<Lent> {
+        let deadline = Instant::now() + wait;
+        let mut free = self.free.lock().ok()?;
+        loop {
+            if let Some(sock) = free.pop() {
+                drop(free);
+                drain(&sock);
+                return Some(Lent {
+                    sock: Some(sock),
+                    pool: self.clone(),
+                });
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            free = self.returned.wait_timeout(free, left).ok()?.0;
+        }
+    }
+}
+
+fn drain(sock: &UdpSocket) {
+    let mut buf = [0u8; 512];
+    if sock.set_nonblocking(true).is_ok() {
+        while sock.recv(&mut buf).is_ok() {}
+        let _ = sock.set_nonblocking(false);
+    }
+}
+
+/// A pool's socket, back in the pool when dropped.
+struct Lent {
+    sock: Option<UdpSocket>,
+    pool: Arc<SocketPool>,
+}
+
+impl std::ops::Deref for Lent {
+    type Target = UdpSocket;
+    fn deref(&self) -> &UdpSocket {
+        // Only `drop` takes it out.
+        self.sock.as_ref().unwrap_or_else(|| unreachable!())
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let (Some(sock), Ok(mut free)) = (self.sock.take(), self.pool.free.lock()) {
+            free.push(sock);
+            self.pool.returned.notify_one();
+        }
+    }
+}
+
+/// A socket connected to `upstream` for one query.
+fn upstream_socket(upstream: &Upstream) -> Option<Box<dyn std::ops::Deref<Target = UdpSocket>>> {
+    match upstream {
+        Upstream::At(addr) => {
+            let any: SocketAddr = if addr.is_ipv4() {
+                ([0, 0, 0, 0], 0).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+            };
+            let sock = UdpSocket::bind(any).ok()?;
+            sock.connect(addr).ok()?;
+            Some(Box::new(Box::new(sock)))
+        }
+        Upstream::Pool(pool) => Some(Box::new(pool.take(UPSTREAM_TIMEOUT)?)),
+    }
+}
+
 /// The resolver's loop: queries on `listener`, answers from `upstream`.
 pub fn serve(
     shared: Shared,
     listener: UdpSocket,
-    upstream: Option<SocketAddr>,
+    upstream: Option<Upstream>,
 ) -> Result<(), ResolverError> {
     let rules = shared.rules.clone();
     let listener = Arc::new(listener);
@@ -244,7 +339,7 @@ pub fn serve(
                     });
             }
             Decision::Forward { name, rules: which } => {
-                let Some(upstream) = upstream else {
+                let Some(upstream) = upstream.clone() else {
                     if let Ok(msg) = Message::from_vec(&query) {
                         let _ = listener.send_to(&reply_code(&msg, ResponseCode::ServFail), client);
                     }
@@ -257,7 +352,7 @@ pub fn serve(
                 let (listener, in_flight, shared) =
                     (listener.clone(), in_flight.clone(), shared.clone());
                 std::thread::spawn(move || {
-                    forward(&query, &name, &which, upstream, client, &listener, &shared);
+                    forward(&query, &name, &which, &upstream, client, &listener, &shared);
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                 });
             }
@@ -269,24 +364,16 @@ fn forward(
     query: &[u8],
     name: &str,
     rules: &[usize],
-    upstream: SocketAddr,
+    upstream: &Upstream,
     client: SocketAddr,
     listener: &UdpSocket,
     shared: &Shared,
 ) {
     let id = u16::from_be_bytes([query[0], query[1]]);
-    let any: SocketAddr = if upstream.is_ipv4() {
-        ([0, 0, 0, 0], 0).into()
-    } else {
-        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    let Ok(sock) = UdpSocket::bind(any) else {
+    let Some(sock) = upstream_socket(upstream) else {
         return;
     };
-    if sock.connect(upstream).is_err()
-        || sock.set_read_timeout(Some(UPSTREAM_TIMEOUT)).is_err()
-        || sock.send(query).is_err()
-    {
+    if sock.set_read_timeout(Some(UPSTREAM_TIMEOUT)).is_err() || sock.send(query).is_err() {
         return;
     }
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
@@ -294,29 +381,133 @@ fn forward(
         let Ok(n) = sock.recv(&mut buf) else {
             return;
         };
-        let Some(addrs) = answers(&buf[..n], id) else {
+        if !allow_answer(shared, name, rules, &buf[..n], id) {
             continue;
-        };
-        shared.resolved.remember(name, &addrs, Instant::now());
-        let elements = set_elements(&shared.rules, rules, &addrs);
-        if !elements.is_empty() && !(shared.add)(&elements) {
-            tracing::warn!("egress resolver: cannot allow the addresses of {name}");
         }
-        let rule = rules
-            .first()
-            .and_then(|&i| shared.rules.get(i))
-            .map(|r| r.to_string());
-        let addresses: Vec<IpAddr> = addrs.iter().map(|(ip, _)| *ip).collect();
-        shared
-            .trail
-            .limited(&format!("dns-allowed {name}"), |_| Event::Dns {
-                verdict: Verdict::Allowed,
-                name: name.to_string(),
-                rule,
-                addresses,
-            });
         let _ = listener.send_to(&buf[..n], client);
         return;
+    }
+}
+
+/// Takes in `answer` to query `id` for the allowed `name` (the indexes of
+/// the rules that allow it): its addresses are remembered for the proxy
+/// and added to the UDP rules' sets, and the answer is in the trail —
+/// before it goes back to the sandbox. False when it is not an answer to
+/// that query.
+fn allow_answer(shared: &Shared, name: &str, rules: &[usize], answer: &[u8], id: u16) -> bool {
+    let Some(addrs) = answers(answer, id) else {
+        return false;
+    };
+    shared.resolved.remember(name, &addrs, Instant::now());
+    let elements = set_elements(&shared.rules, rules, &addrs);
+    if !elements.is_empty() && !(shared.add)(&elements) {
+        tracing::warn!("egress resolver: cannot allow the addresses of {name}");
+    }
+    let rule = rules
+        .first()
+        .and_then(|&i| shared.rules.get(i))
+        .map(|r| r.to_string());
+    let addresses: Vec<IpAddr> = addrs.iter().map(|(ip, _)| *ip).collect();
+    shared
+        .trail
+        .limited(&format!("dns-allowed {name}"), |_| Event::Dns {
+            verdict: Verdict::Allowed,
+            name: name.to_string(),
+            rule,
+            addresses,
+        });
+    true
+}
+
+/// Largest DNS message taken over TCP, either way.
+pub const MAX_TCP_MESSAGE: usize = 65_535;
+/// Queries served on one TCP connection.
+const MAX_TCP_QUERIES: usize = 16;
+/// How long a TCP client may take to send its next query.
+const TCP_IDLE: Duration = Duration::from_secs(10);
+
+/// Reads one length-prefixed DNS message of at most `max` bytes; `None`
+/// at the end of the stream or on anything else.
+fn read_message(s: &mut impl std::io::Read, max: usize) -> Option<Vec<u8>> {
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).ok()?;
+    let len = usize::from(u16::from_be_bytes(len));
+    if len < 12 || len > max {
+        return None;
+    }
+    let mut msg = vec![0u8; len];
+    s.read_exact(&mut msg).ok()?;
+    Some(msg)
+}
+
+fn write_message(s: &mut impl std::io::Write, msg: &[u8]) -> bool {
+    let Ok(len) = u16::try_from(msg.len()) else {
+        return false;
+    };
+    let mut out = len.to_be_bytes().to_vec();
+    out.extend_from_slice(msg);
+    s.write_all(&out).is_ok()
+}
+
+/// DNS over TCP from the sandbox (the proxy hands over a connection to
+/// port 53 when the policy has names), judged as UDP queries are: a name no
+/// rule allows is answered REFUSED, an allowed one is asked of `upstream`
+/// over TCP (a client turns to TCP when an answer is too large for UDP)
+/// and its answer taken in before it goes back.
+pub fn serve_tcp(shared: &Shared, mut client: std::net::TcpStream, upstream: Option<SocketAddr>) {
+    use std::net::TcpStream;
+    if client.set_read_timeout(Some(TCP_IDLE)).is_err() {
+        return;
+    }
+    let mut up: Option<TcpStream> = None;
+    for _ in 0..MAX_TCP_QUERIES {
+        let Some(query) = read_message(&mut client, MAX_DATAGRAM) else {
+            return;
+        };
+        let reply = match decide(&shared.rules, &query) {
+            Decision::Drop => return,
+            Decision::Answer(bytes) => bytes,
+            Decision::Refused { reply, name } => {
+                shared
+                    .trail
+                    .limited(&format!("dns {name}"), |_| Event::Dns {
+                        verdict: Verdict::Denied,
+                        name,
+                        rule: None,
+                        addresses: Vec::new(),
+                    });
+                reply
+            }
+            Decision::Forward { name, rules } => {
+                let id = u16::from_be_bytes([query[0], query[1]]);
+                let asked = upstream.and_then(|addr| {
+                    if up.is_none() {
+                        let s = TcpStream::connect_timeout(&addr, UPSTREAM_TIMEOUT).ok()?;
+                        s.set_read_timeout(Some(UPSTREAM_TIMEOUT)).ok()?;
+                        up = Some(s);
+                    }
+                    let s = up.as_mut()?;
+                    if !write_message(s, &query) {
+                        return None;
+                    }
+                    let answer = read_message(s, MAX_TCP_MESSAGE)?;
+                    allow_answer(shared, &name, &rules, &answer, id).then_some(answer)
+                });
+                match asked {
+                    Some(answer) => answer,
+                    None => {
+                        up = None;
+                        match Message::from_vec(&query) {
+                            Ok(msg) => reply_code(&msg, ResponseCode::ServFail),
+                            Err(_) => return,
+                        }
+                    }
+                }
+            }
+        };
+        if !write_message(&mut client, &reply) {
+            return;
+        }
     }
 }
 
@@ -478,15 +669,7 @@ mod tests {
         std::thread::spawn(move || {
             let mut buf = [0u8; 512];
             while let Ok((n, from)) = upstream.recv_from(&mut buf) {
-                let q = Message::from_vec(&buf[..n]).unwrap();
-                let mut a = Message::response(q.metadata.id, OpCode::Query);
-                a.queries = q.queries.clone();
-                a.answers.push(Record::from_rdata(
-                    q.queries[0].name.clone(),
-                    300,
-                    RData::A(A("192.0.2.9".parse().unwrap())),
-                ));
-                upstream.send_to(&a.to_vec().unwrap(), from).unwrap();
+                upstream.send_to(&answer_a(&buf[..n]), from).unwrap();
             }
         });
         let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -503,7 +686,7 @@ mod tests {
             }),
         };
         let (resolved, trail) = (shared.resolved.clone(), shared.trail.clone());
-        std::thread::spawn(move || serve(shared, listener, Some(up_addr)));
+        std::thread::spawn(move || serve(shared, listener, Some(Upstream::At(up_addr))));
         let client = UdpSocket::bind("127.0.0.1:0").unwrap();
         client
             .set_read_timeout(Some(Duration::from_secs(5)))
@@ -535,5 +718,71 @@ mod tests {
                 if name == "pypi.org" && addresses.len() == 1),
             "{events:?}"
         );
+    }
+
+    /// An answer to `query` naming 192.0.2.9.
+    fn answer_a(query: &[u8]) -> Vec<u8> {
+        let q = Message::from_vec(query).unwrap();
+        let mut a = Message::response(q.metadata.id, OpCode::Query);
+        a.queries = q.queries.clone();
+        a.answers.push(Record::from_rdata(
+            q.queries[0].name.clone(),
+            300,
+            RData::A(A("192.0.2.9".parse().unwrap())),
+        ));
+        a.to_vec().unwrap()
+    }
+
+    #[test]
+    fn dns_over_tcp_is_judged_and_answered_over_tcp() {
+        use std::net::{TcpListener, TcpStream};
+        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+        let up_addr = upstream.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for mut s in upstream.incoming().flatten() {
+                while let Some(q) = read_message(&mut s, MAX_TCP_MESSAGE) {
+                    write_message(&mut s, &answer_a(&q));
+                }
+            }
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Shared {
+            rules: Arc::new(rules("pypi.org:443")),
+            resolved: Arc::new(Resolved::default()),
+            trail: Arc::new(Trail::memory("c")),
+            add: Arc::new(|_: &str| true),
+        };
+        let (resolved, trail) = (shared.resolved.clone(), shared.trail.clone());
+        std::thread::spawn(move || {
+            for c in listener.incoming().flatten() {
+                serve_tcp(&shared, c, Some(up_addr));
+            }
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // Two queries on one connection: refused, then answered.
+        assert!(write_message(&mut c, &query("evil.com", 5)));
+        let r = read_message(&mut c, MAX_TCP_MESSAGE).unwrap();
+        assert_eq!(rcode(&r), ResponseCode::Refused);
+        assert!(write_message(&mut c, &query("pypi.org", 6)));
+        let r = read_message(&mut c, MAX_TCP_MESSAGE).unwrap();
+        let m = Message::from_vec(&r).unwrap();
+        assert_eq!((m.metadata.id, m.answers.len()), (6, 1));
+        assert_eq!(
+            resolved.names_of("192.0.2.9".parse().unwrap(), Instant::now()),
+            vec!["pypi.org"]
+        );
+        assert_eq!(trail.events().len(), 2, "{:?}", trail.events());
+        // A length below a header's, or one past the limit, ends it.
+        use std::io::{Read, Write};
+        c.write_all(&[0, 3, 1, 2, 3]).unwrap();
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "{rest:?}");
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(&[0xff, 0xff]).unwrap();
+        let _ = c.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "{rest:?}");
     }
 }

@@ -41,10 +41,10 @@ use tools::{Http, Throughput};
 /// that policy (from the test dockerd's `daemon.json`): TCP to the name
 /// `web` on port 80 only, so the benchmark's server is named `web` and
 /// listens on port 80.
-const POLICY_RUNTIME: &str = "agentvm-only-web";
+pub const POLICY_RUNTIME: &str = "agentvm-only-web";
 const POLICY: &str = "--egress web:80";
-/// Why the container tier has no "+ policy" figures.
-const CONTAINER_POLICY: &str = "container-tier policy not built";
+/// The same policy in the container tier.
+pub const CONTAINER_POLICY_RUNTIME: &str = "agentvm-container-only-web";
 /// The port of the iperf3 server in the measured container.
 const IPERF_PORT: u16 = 5201;
 /// `wrk` connections from the host (requests/s), and from the container
@@ -65,8 +65,6 @@ pub struct NetRow {
 /// Why a row has no figures.
 #[derive(Debug, Clone)]
 pub enum Unmeasured {
-    /// The feature does not exist yet: `n/a (why)`.
-    NotBuilt(&'static str),
     /// It exists but cannot run here: `skipped: why`.
     Skipped(String),
 }
@@ -74,7 +72,6 @@ pub enum Unmeasured {
 impl Unmeasured {
     fn text(&self) -> String {
         match self {
-            Unmeasured::NotBuilt(why) => format!("n/a ({why})"),
             Unmeasured::Skipped(why) => format!("skipped: {why}"),
         }
     }
@@ -204,11 +201,12 @@ fn rows(runtimes: &[Runtime], registered: &str) -> Vec<NetRow> {
             "agentvm-container",
             false,
         ),
-        NetRow {
-            name: "agentvm container + policy",
-            docker_name: Err(Unmeasured::NotBuilt(CONTAINER_POLICY)),
-            slow: false,
-        },
+        row(
+            "agentvm container + policy",
+            "agentvm container",
+            CONTAINER_POLICY_RUNTIME,
+            false,
+        ),
         row(runtimes::MICROVM, runtimes::MICROVM, "agentvm", true),
         row(
             "agentvm microvm + policy",

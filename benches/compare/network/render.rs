@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use super::tools::{Http, Throughput};
-use super::{Cell, Figures, POLICY, POLICY_RUNTIME, WRK_CONNS_IN, WRK_CONNS_OUT};
+use super::{
+    Cell, Figures, CONTAINER_POLICY_RUNTIME, POLICY, POLICY_RUNTIME, WRK_CONNS_IN, WRK_CONNS_OUT,
+};
 use crate::runtimes::{MICROVM, REFERENCE};
 
 fn rate(bps: f64) -> String {
@@ -223,8 +225,9 @@ pub fn throughput(figures: &[Figures], secs: u64) -> String {
     format!(
         "The rows run one after the other, each in a container of its own on a user-defined \
          network of the test dockerd, one run of {secs} s per figure. \"+ policy\" is Docker \
-         runtime `{POLICY_RUNTIME}` (`{POLICY}`): the only connections it allows are to the \
-         name `web`, port 80, the benchmark's server.\n\n\
+         runtime `{POLICY_RUNTIME}` (`{CONTAINER_POLICY_RUNTIME}` in the container tier, \
+         `{POLICY}`): the only connections it allows are to the name `web`, port 80, the \
+         benchmark's server.\n\n\
          ### TCP throughput, connections from outside (`iperf3`)\n\n\
          `iperf3 -s` in the container, `iperf3 -c` on the host to the container's address \
          (over the network's bridge, no docker-proxy); \"container → host\" is `-R`. The \

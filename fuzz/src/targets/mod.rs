@@ -11,6 +11,7 @@ pub mod config;
 pub mod dns_relay;
 pub mod egress_proxy;
 pub mod egress_resolver;
+pub mod ndp;
 pub mod protocol;
 pub mod spec;
 pub mod values;
@@ -64,6 +65,12 @@ pub const TARGETS: &[Target] = &[
         about: "the egress proxy: first flights (TLS ClientHello, HTTP) read for a name, the judgement, logged packet headers",
         generate: egress_proxy::generate,
         run: egress_proxy::run,
+    },
+    Target {
+        name: "ndp",
+        about: "the IPv6 neighbour answers on a microVM's tap: guest frames in, advertisements out",
+        generate: ndp::generate,
+        run: ndp::run,
     },
     Target {
         name: "annotations",

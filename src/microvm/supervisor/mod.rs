@@ -164,6 +164,33 @@ pub struct Booted {
     pub guest_log: guest_log::GuestLog,
     /// The host side of the DNS relay, started once the jail is on.
     pub dns: Option<super::net::HostDnsRelay>,
+    /// IPv6 neighbour answers on the taps, started once the jail is on.
+    pub ndp: Vec<crate::ndp::NdpProxy>,
+    /// The egress policy's daemon, if there is a policy.
+    pub egress: Option<EgressDaemon>,
+}
+
+/// The egress daemon, and the pipe whose closing ends it.
+pub struct EgressDaemon {
+    child: std::process::Child,
+    end: std::os::fd::OwnedFd,
+}
+
+impl EgressDaemon {
+    /// Tells it to end — it writes the flows still open to the audit
+    /// trail first — and waits for it a moment (it dies with the
+    /// supervisor in any case).
+    pub fn end(self) {
+        let EgressDaemon { mut child, end } = self;
+        drop(end);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            match child.try_wait() {
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                _ => return,
+            }
+        }
+    }
 }
 
 fn boot(args: &Args) -> Result<Booted, SupervisorError> {
@@ -213,21 +240,31 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     // The policy's resolver, proxy and log reader run beside the
     // supervisor, unjailed enough to add the addresses it resolves to the
     // rules' sets.
-    let _egress_daemon = match plumbed.proxy.take() {
+    let egress_daemon = match plumbed.proxy.take() {
         Some(proxy) => {
             let dns = match dns_mode {
                 super::net::DnsMode::Resolver => plumbed.dns.take(),
                 _ => None,
             };
-            Some(super::net::spawn_egress_daemon(
-                &state.egress,
-                &state.id,
-                &args.config.audit.path(),
+            // Closing the write end tells the daemon to write what it
+            // still holds and end.
+            let (end_read, end_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| io_error("cannot make the egress daemon's pipe")(e.into()))?;
+            let child = super::net::EgressDaemon {
+                policy: &state.egress,
+                id: &state.id,
+                audit: &args.config.audit.path(),
                 dns,
                 proxy,
-                dir,
-                super::net::DaemonLife::WithParent,
-            )?)
+                run_dir: dir,
+                life: super::net::DaemonLife::WithParent(end_read.as_fd()),
+                workload_dns: None,
+            }
+            .spawn()?;
+            Some(EgressDaemon {
+                child,
+                end: end_write,
+            })
         }
         None => None,
     };
@@ -359,7 +396,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     };
     // QEMU holds the taps now.
     drop(config);
-    let (dns, restore) = plumbed.keep();
+    let super::net::Kept { dns, ndp, restore } = plumbed.keep();
     state.netns = super::spec::netns_path(&spec);
     state.net_restore = restore;
     state.status = Status::Created;
@@ -374,6 +411,8 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         cli,
         guest_log,
         dns,
+        ndp,
+        egress: egress_daemon,
     })
 }
 

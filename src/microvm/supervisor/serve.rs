@@ -171,6 +171,8 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         cli,
         guest_log,
         dns,
+        ndp,
+        egress,
     } = booted;
     // From here on the supervisor only relays: jail it before any thread
     // exists, so all of them inherit the jail.
@@ -182,6 +184,9 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
     }
     if let Some(relay) = dns {
         relay.spawn();
+    }
+    for proxy in ndp {
+        proxy.spawn();
     }
     let (events_tx, events) = mpsc::channel();
     let writer = match guest.try_clone() {
@@ -237,6 +242,9 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         End::Lost => VM_LOST_STATUS,
     };
     vm.kill();
+    if let Some(daemon) = egress {
+        daemon.end();
+    }
     if let Ok(mut log) = shared.guest_log.lock() {
         guest_log::flush(&mut log);
     }

@@ -112,6 +112,15 @@ fn daemon_config() -> String {
             "path": bin,
             "runtimeArgs": ["--config", microvm_config(), "--egress", "web:80"]
         },
+        // The same two in the container tier.
+        "agentvm-container-offline": {
+            "path": bin,
+            "runtimeArgs": ["--isolation=container", "--egress", "deny"]
+        },
+        "agentvm-container-only-web": {
+            "path": bin,
+            "runtimeArgs": ["--isolation=container", "--egress", "web:80"]
+        },
     });
     if let Some(crun) = find_in_path("crun") {
         runtimes["crun"] = serde_json::json!({ "path": crun });

@@ -10,6 +10,9 @@ use std::process::Command;
 pub const PEER: &str = "10.231.0.1";
 /// The container namespace's address (the guest's, once it owns it).
 pub const GUEST: &str = "10.231.0.2";
+/// The same two on IPv6 (see [`Netns::add_ipv6`]).
+pub const PEER6: &str = "fd00:231::1";
+pub const GUEST6: &str = "fd00:231::2";
 
 /// Runs `ip ARGS`; a failure fails the test.
 pub fn ip(args: &[&str]) {
@@ -88,6 +91,65 @@ impl Netns {
         ]);
         ip(&["-n", &n.container, "route", "add", "default", "via", PEER]);
         n
+    }
+
+    /// Adds IPv6 as a dual-stack Docker network has it: [`PEER6`] on the
+    /// peer, [`GUEST6`]/64 on the container's side, a default route via
+    /// the peer. Addresses without duplicate address detection, as Docker
+    /// adds them.
+    pub fn add_ipv6(&self) {
+        ip(&[
+            "-n",
+            &self.peer,
+            "addr",
+            "add",
+            &format!("{PEER6}/64"),
+            "dev",
+            "veth0",
+            "nodad",
+        ]);
+        ip(&[
+            "-n",
+            &self.container,
+            "addr",
+            "add",
+            &format!("{GUEST6}/64"),
+            "dev",
+            "eth0",
+            "nodad",
+        ]);
+        ip(&[
+            "-n",
+            &self.container,
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            PEER6,
+        ]);
+    }
+
+    /// [`Netns::snapshot`] with the IPv6 addresses and routes too.
+    pub fn snapshot6(&self) -> String {
+        format!(
+            "{}{}{}",
+            self.snapshot(),
+            ip_out(&[
+                "-n",
+                &self.container,
+                "-6",
+                "-o",
+                "addr",
+                "show",
+                "scope",
+                "global"
+            ])
+            .lines()
+            .map(|l| l.split("valid_lft").next().unwrap_or(l).trim().to_string() + "\n")
+            .collect::<String>(),
+            ip_out(&["-n", &self.container, "-6", "route", "show"])
+        )
     }
 
     pub fn path(&self) -> PathBuf {
