@@ -509,10 +509,12 @@ fn qemu_runs_jailed_without_the_hosts_files_or_privileges() {
     devs.sort();
     devs.retain(|d| d != "kvm" && d != "vhost-net");
     assert_eq!(devs, ["null", "urandom", "zero"]);
-    // Its own mount namespace, every mount in it read-only.
-    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).expect("ns");
-    assert_ne!(ns(&qemu.to_string()), ns("self"));
-    assert_ne!(ns(&qemu.to_string()), ns(&supervisor.to_string()));
+    // Its own mount, IPC and UTS namespaces, every mount read-only.
+    for kind in ["mnt", "ipc", "uts"] {
+        let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).expect("ns");
+        assert_ne!(ns(&qemu.to_string()), ns("self"), "{kind}");
+        assert_ne!(ns(&qemu.to_string()), ns(&supervisor.to_string()), "{kind}");
+    }
     let mounts = std::fs::read_to_string(format!("/proc/{qemu}/mountinfo")).expect("mountinfo");
     for line in mounts.lines() {
         let opts = line.split_whitespace().nth(5).unwrap_or_default();

@@ -1,5 +1,5 @@
-//! The child's side of the jail: between fork and exec, a mount namespace
-//! of its own whose root becomes the sealed tree (`pivot_root`, then the
+//! The child's side of the jail: between fork and exec, mount, IPC and UTS
+//! namespaces of its own, the mount namespace's root the sealed tree (`pivot_root`, then the
 //! old root detached), every capability dropped, its own uid and gid, and
 //! `no_new_privs`. Only system calls run here, on values prepared before
 //! the fork: nothing allocates or takes a lock.
@@ -77,7 +77,10 @@ fn enter(root: &CString, id: Identity, last_cap: u32) -> io::Result<()> {
     // capability header and data array on this stack frame, and plain
     // integers; no memory is handed to the kernel to keep.
     unsafe {
-        check(libc::unshare(libc::CLONE_NEWNS).into())?;
+        // Its own mount namespace, and IPC and UTS ones it needs nothing
+        // from (guest memory is a memfd): no System V object or message
+        // queue of the host's to reach.
+        check(libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS).into())?;
         // Private already (the supervisor's namespace is); said again so
         // that nothing done below can propagate anywhere.
         check(
