@@ -28,6 +28,18 @@ pub const MAX_MEMORY_MIB: u64 = 16 << 20;
 pub const DEFAULT_BOOT_TIMEOUT_SECS: u64 = 120;
 /// Largest `microvm.boot_timeout_secs` (a day).
 pub const MAX_BOOT_TIMEOUT_SECS: u64 = 24 * 60 * 60;
+/// The kernel's largest pid (`PID_MAX_LIMIT` on 64-bit): QEMU's uid is
+/// the base plus its supervisor's pid, so the range is this long.
+pub const PID_MAX_LIMIT: u32 = 1 << 22;
+/// `microvm.vmm_uid_base` when the file sets none: 2,000,000,000 to
+/// 2,004,194,303, above the ids of users, systemd's dynamic users and
+/// the usual subordinate-id ranges, below 2^31.
+pub const DEFAULT_VMM_UID_BASE: u32 = 2_000_000_000;
+/// Smallest `microvm.vmm_uid_base`: never root or a system or login user.
+pub const MIN_VMM_UID_BASE: u32 = 65_536;
+/// Largest `microvm.vmm_uid_base`: the range must end below the invalid
+/// id `u32::MAX` (-1).
+pub const MAX_VMM_UID_BASE: u32 = u32::MAX - 1 - PID_MAX_LIMIT;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -182,6 +194,11 @@ pub struct MicrovmConfig {
     /// agent and for testing how the host copes with a misbehaving one; the
     /// binary must speak the control protocol of `crates/protocol` (`agentvm-protocol`).
     pub guest_agent: Option<PathBuf>,
+    /// First uid (and gid) of the range QEMU runs as: a VM's QEMU is
+    /// `vmm_uid_base` + its supervisor's pid, so no two running VMs share
+    /// an identity. The range, [`PID_MAX_LIMIT`] ids long, must belong to
+    /// no user and no subordinate-id range of the host.
+    pub vmm_uid_base: Option<u32>,
 }
 
 impl MicrovmConfig {
@@ -196,6 +213,14 @@ impl MicrovmConfig {
                 ));
             }
         }
+        if let Some(b) = self.vmm_uid_base {
+            if !(MIN_VMM_UID_BASE..=MAX_VMM_UID_BASE).contains(&b) {
+                return Err(format!(
+                    "microvm.vmm_uid_base = {b}: must be {MIN_VMM_UID_BASE} to {MAX_VMM_UID_BASE} \
+                     (the range is {PID_MAX_LIMIT} ids long)"
+                ));
+            }
+        }
         if let Some(t) = self.boot_timeout_secs {
             if !(1..=MAX_BOOT_TIMEOUT_SECS).contains(&t) {
                 return Err(format!(
@@ -204,6 +229,11 @@ impl MicrovmConfig {
             }
         }
         Ok(())
+    }
+
+    /// The first uid of QEMU's identity range.
+    pub fn vmm_uid_base(&self) -> u32 {
+        self.vmm_uid_base.unwrap_or(DEFAULT_VMM_UID_BASE)
     }
 
     /// How long the supervisor waits for the guest agent's hello.
@@ -328,6 +358,12 @@ mod tests {
                 "[microvm]\nboot_timeout_secs = 0\n",
                 "microvm.boot_timeout_secs = 0",
             ),
+            // QEMU as root, or an identity range that wraps past -1.
+            ("[microvm]\nvmm_uid_base = 0\n", "microvm.vmm_uid_base = 0"),
+            (
+                "[microvm]\nvmm_uid_base = 4294967000\n",
+                "microvm.vmm_uid_base = 4294967000",
+            ),
             // Once a panic in the supervisor (the deadline overflowed Instant).
             (
                 "microvm.boot_timeout_secs = 0x7fffffffffffffff\n",
@@ -339,6 +375,9 @@ mod tests {
         }
         let ok = Config::parse("[microvm]\ndefault_memory_mib = 128\n").unwrap();
         assert_eq!(ok.microvm.default_memory_mib, Some(128));
+        assert_eq!(ok.microvm.vmm_uid_base(), DEFAULT_VMM_UID_BASE);
+        let ok = Config::parse("[microvm]\nvmm_uid_base = 300000\n").unwrap();
+        assert_eq!(ok.microvm.vmm_uid_base(), 300_000);
         assert_eq!(ok.microvm.boot_timeout(), Duration::from_secs(120));
     }
 

@@ -14,7 +14,7 @@ use common::require;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::bundle::{assert_nothing_left, assert_one_clear_error, processes_with, Fixture};
+use common::bundle::{assert_nothing_left, assert_one_clear_error, Fixture};
 use common::wait_for;
 
 /// A fixture whose commands run the microvm tier with the kernel built by
@@ -103,10 +103,9 @@ fn log_text(f: &Fixture) -> String {
     std::fs::read_to_string(f.log()).unwrap_or_default()
 }
 
-/// The host pid of this container's QEMU (its command line names the
-/// container's state directory).
-fn qemu_pid(id: &str) -> Option<i32> {
-    processes_with(id)
+/// The host pid of this container's QEMU: the supervisor's child.
+fn qemu_pid(f: &Fixture, id: &str) -> Option<i32> {
+    common::bundle::children_of(pid_of(f, id))
         .iter()
         .find(|p| p.contains("qemu-system"))
         .and_then(|p| p.split(':').next()?.parse().ok())
@@ -317,7 +316,7 @@ fn supervisor_killed_ends_as_stopped_and_delete_cleans_up() {
     let f = require!(microvm());
     let id = "mv-supkill";
     start_sleeper(&f, id);
-    let qemu = qemu_pid(id).expect("a QEMU process for the container");
+    let qemu = qemu_pid(&f, id).expect("a QEMU process for the container");
     kill(pid_of(&f, id), libc::SIGKILL);
     wait_for_status(&f, id, "stopped");
     // The VMM dies with its supervisor.
@@ -334,7 +333,7 @@ fn vmm_killed_ends_the_container_with_a_log_line() {
     let f = require!(microvm());
     let id = "mv-vmmkill";
     start_sleeper(&f, id);
-    let qemu = qemu_pid(id).expect("a QEMU process for the container");
+    let qemu = qemu_pid(&f, id).expect("a QEMU process for the container");
     kill(qemu, libc::SIGKILL);
     wait_for_status(&f, id, "stopped");
     let log = log_text(&f);
@@ -344,6 +343,228 @@ fn vmm_killed_ends_the_container_with_a_log_line() {
     );
     f.agentvm(&["delete", id]).ok();
     assert_nothing_left(&f, id);
+}
+
+/// The value of `field` in a /proc status file (`Uid`, `CapEff`, …).
+fn status_field(status: &str, field: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in:\n{status}"))
+        .trim()
+        .to_string()
+}
+
+/// What an escaped QEMU could do, tried for real: a child joins the
+/// running QEMU's mount namespace, takes its uid and gid, and tries to
+/// read the host's shadow file and a host marker file, to write the jail
+/// and the guest's kernel, and to make a device node. Each attempt's
+/// errno, in order (0 = it worked).
+fn as_an_escaped_qemu(qemu: i32, uid: u32, marker: &Path) -> Vec<i32> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let ns = CString::new(format!("/proc/{qemu}/ns/mnt")).expect("path");
+    let marker = CString::new(marker.as_os_str().as_bytes()).expect("path");
+    let paths = [c"/etc/shadow", marker.as_c_str()];
+    let (pipe_r, pipe_w) = {
+        let mut fds = [0; 2];
+        // SAFETY: pipe(2) with a valid two-int array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+        (fds[0], fds[1])
+    };
+    // SAFETY: fork in a test; the child makes only system calls on values
+    // built before the fork and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(-1);
+        let mut results = [0i32; 6];
+        // SAFETY: system calls with NUL-terminated strings that outlive
+        // them and plain integers.
+        unsafe {
+            let fd = libc::open(ns.as_ptr(), libc::O_RDONLY);
+            if fd < 0 || libc::setns(fd, libc::CLONE_NEWNS) != 0 {
+                libc::_exit(90);
+            }
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(uid, uid, uid) != 0
+                || libc::setresuid(uid, uid, uid) != 0
+            {
+                libc::_exit(91);
+            }
+            for (i, p) in paths.iter().enumerate() {
+                let fd = libc::open(p.as_ptr(), libc::O_RDONLY);
+                results[i] = if fd >= 0 { 0 } else { errno() };
+            }
+            let fd = libc::open(c"/planted".as_ptr(), libc::O_WRONLY | libc::O_CREAT, 0o644);
+            results[2] = if fd >= 0 { 0 } else { errno() };
+            let fd = libc::open(c"/vm/kernel".as_ptr(), libc::O_WRONLY);
+            results[3] = if fd >= 0 { 0 } else { errno() };
+            let rc = libc::mknod(c"/dev/sda-planted".as_ptr(), libc::S_IFBLK | 0o600, 0x800);
+            results[4] = if rc == 0 { 0 } else { errno() };
+            let rc = libc::mkdir(c"/proc".as_ptr(), 0o755);
+            results[5] = if rc == 0 { 0 } else { errno() };
+            libc::write(
+                pipe_w,
+                results.as_ptr().cast(),
+                std::mem::size_of_val(&results),
+            );
+            libc::_exit(0);
+        }
+    }
+    // SAFETY: closing our copy of the write end.
+    unsafe { libc::close(pipe_w) };
+    let mut status = 0;
+    // SAFETY: waitpid on our own child with a valid out-pointer.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child could not become QEMU (status {status:#x})"
+    );
+    let mut results = [0i32; 6];
+    // SAFETY: reading into a buffer of exactly that many bytes.
+    let n = unsafe {
+        libc::read(
+            pipe_r,
+            results.as_mut_ptr().cast(),
+            std::mem::size_of_val(&results),
+        )
+    };
+    // SAFETY: closing the read end we own.
+    unsafe { libc::close(pipe_r) };
+    assert_eq!(n as usize, std::mem::size_of_val(&results), "short read");
+    results.to_vec()
+}
+
+/// QEMU parses every device access of the guest, so it is the most exposed
+/// process: seen from the host while a VM runs, it has a root of its own
+/// without the host's files, an unprivileged uid of its own, no
+/// capabilities, no_new_privs and a seccomp filter; a process that joins
+/// its view with its identity (an escaped QEMU) reads and changes nothing;
+/// and nothing of the jail shows in the host's mounts, then or after.
+#[test]
+fn qemu_runs_jailed_without_the_hosts_files_or_privileges() {
+    let f = require!(microvm());
+    let id = "mv-jail";
+    // On the host, outside everything the container was given.
+    let marker = f
+        .dir
+        .path()
+        .join(format!("jail-marker-{}", std::process::id()));
+    std::fs::write(&marker, "host only").expect("marker");
+    start_sleeper(&f, id);
+    let supervisor = pid_of(&f, id);
+    let qemu = qemu_pid(&f, id).expect("a QEMU process for the container");
+
+    // Its identity: base + supervisor pid (the default base), never root.
+    let status = std::fs::read_to_string(format!("/proc/{qemu}/status")).expect("status");
+    let uid = 2_000_000_000 + supervisor as u32;
+    let ids = format!("{uid}\t{uid}\t{uid}\t{uid}");
+    assert_eq!(status_field(&status, "Uid"), ids, "{status}");
+    assert_eq!(status_field(&status, "Gid"), ids, "{status}");
+    assert_eq!(status_field(&status, "Groups"), "", "{status}");
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(status_field(&status, set), "0000000000000000", "{set}");
+    }
+    assert_eq!(status_field(&status, "NoNewPrivs"), "1");
+    assert_eq!(status_field(&status, "Seccomp"), "2");
+
+    // Its root: a tree of its own, none of the host's files.
+    let root = PathBuf::from(format!("/proc/{qemu}/root"));
+    let mut top: Vec<String> = std::fs::read_dir(&root)
+        .expect("QEMU's root")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    top.sort();
+    for name in &top {
+        assert!(
+            ["bin", "dev", "lib", "lib64", "usr", "vm"].contains(&name.as_str()),
+            "{name} in QEMU's root: {top:?}"
+        );
+    }
+    let rel = |p: &Path| root.join(p.strip_prefix("/").expect("absolute"));
+    for host_path in [
+        marker.as_path(),
+        Path::new("/etc/shadow"),
+        Path::new("/etc/passwd"),
+        Path::new("/proc/1"),
+        Path::new("/sys/kernel"),
+        Path::new("/root"),
+        Path::new("/var/run/docker.sock"),
+        &f.root().join(id).join("config.json"),
+        &out_dir(&f),
+    ] {
+        assert!(
+            !rel(host_path).exists() && std::fs::symlink_metadata(rel(host_path)).is_err(),
+            "QEMU sees {}",
+            host_path.display()
+        );
+    }
+    let mut devs: Vec<String> = std::fs::read_dir(root.join("dev"))
+        .expect("QEMU's /dev")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    devs.sort();
+    devs.retain(|d| d != "kvm" && d != "vhost-net");
+    assert_eq!(devs, ["null", "urandom", "zero"]);
+    // Its own mount, IPC and UTS namespaces, every mount read-only.
+    for kind in ["mnt", "ipc", "uts"] {
+        let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).expect("ns");
+        assert_ne!(ns(&qemu.to_string()), ns("self"), "{kind}");
+        assert_ne!(ns(&qemu.to_string()), ns(&supervisor.to_string()), "{kind}");
+    }
+    let mounts = std::fs::read_to_string(format!("/proc/{qemu}/mountinfo")).expect("mountinfo");
+    for line in mounts.lines() {
+        let opts = line.split_whitespace().nth(5).unwrap_or_default();
+        assert!(
+            opts.split(',').any(|o| o == "ro"),
+            "a writable mount in QEMU's namespace: {line}"
+        );
+    }
+    // Only descriptors it was given: no host file or directory but its
+    // two logs and /dev/null.
+    for fd in std::fs::read_dir(format!("/proc/{qemu}/fd")).expect("fds") {
+        let target = std::fs::read_link(fd.expect("fd").path()).unwrap_or_default();
+        let t = target.to_string_lossy();
+        let allowed = !t.starts_with('/')
+            || t.starts_with("/memfd:")
+            || t == "/dev/null"
+            || t == "/dev/net/tun"
+            || t.ends_with("/qemu.log")
+            || t.ends_with("/console.log");
+        assert!(allowed, "QEMU holds {t}");
+    }
+
+    // An escaped QEMU: nothing to read, nothing to write, no device.
+    let errs = as_an_escaped_qemu(qemu, uid, &marker);
+    assert_eq!(errs[0], libc::ENOENT, "/etc/shadow: {errs:?}");
+    assert_eq!(errs[1], libc::ENOENT, "the host marker: {errs:?}");
+    for (i, what) in [(2, "a new file"), (3, "the guest's kernel"), (5, "a /proc")] {
+        assert!(
+            errs[i] == libc::EROFS || errs[i] == libc::EACCES,
+            "{what}: {errs:?}"
+        );
+    }
+    assert!(
+        [libc::EPERM, libc::EROFS, libc::EACCES].contains(&errs[4]),
+        "mknod: {errs:?}"
+    );
+
+    // The host's namespace never sees the jail.
+    let host_mounts = || std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(!host_mounts().contains("qemu-root"), "{}", host_mounts());
+    kill(supervisor, libc::SIGKILL);
+    wait_for_status(&f, id, "stopped");
+    f.agentvm(&["delete", id]).ok();
+    assert_nothing_left(&f, id);
+    assert!(!host_mounts().contains("qemu-root"), "{}", host_mounts());
+    assert!(
+        !host_mounts().contains(f.root().to_str().expect("utf-8")),
+        "{}",
+        host_mounts()
+    );
 }
 
 #[test]

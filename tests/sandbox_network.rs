@@ -1185,12 +1185,13 @@ fn a_killed_egress_daemon_fails_closed_and_a_killed_sandbox_leaves_nothing() {
             "the daemon gone, the sandbox must be cut off: {out}"
         );
         // The sandbox killed: the container stops, delete cleans up.
-        let root = f.root();
-        let root = root.to_str().expect("utf-8");
         let victim = if tier == "mvn" {
-            let qemu: Vec<String> = common::bundle::processes_with("qemu-system")
+            // QEMU is the supervisor's child (its command line names no
+            // state directory: it gets its sockets and files as fds).
+            let supervisor = f.state(id)["pid"].as_i64().expect("pid") as i32;
+            let qemu: Vec<String> = common::bundle::children_of(supervisor)
                 .into_iter()
-                .filter(|p| p.contains(root) && p.contains(id.as_str()))
+                .filter(|p| p.contains("qemu-system"))
                 .collect();
             assert_eq!(qemu.len(), 1, "one QEMU: {qemu:?}");
             qemu[0].clone()

@@ -158,8 +158,15 @@ fn cached(cache_dir: &Path, agent: Option<&Path>) -> Result<PathBuf, InitramfsEr
     };
     std::fs::create_dir_all(cache_dir).map_err(write_err)?;
     let tmp = cache_dir.join(format!(".{prefix}-{key}.{}", std::process::id()));
+    // Readable by others whatever the umask: the jailed VMM, which reads
+    // it, runs as a uid of its own. It holds nothing secret (agentvm's
+    // binary or the configured guest agent).
     std::fs::File::create(&tmp)
         .and_then(|mut f| f.write_all(&image))
+        .and_then(|_| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))
+        })
         .and_then(|_| std::fs::rename(&tmp, &path))
         .map_err(write_err)?;
     prune(cache_dir, prefix, &path);

@@ -1,7 +1,9 @@
 //! The supervisor's steady-state jail, after Firecracker's jailer and Cloud
 //! Hypervisor's per-thread filters: once the VM runs, the supervisor only
-//! relays bytes between sockets, the guest and its caller, so it keeps no
-//! capability and runs under a seccomp allow-list of the system calls its
+//! relays bytes between sockets, the guest and its caller, so it keeps one
+//! capability, `CAP_KILL` (QEMU runs as a uid of its own, which uid 0
+//! cannot signal without it; the filter lets `kill` reach only the VM's
+//! processes), and runs under a seccomp allow-list of the system calls its
 //! event loop, signal forwarding and exec relays use.
 //!
 //! Installed on the main thread before the relay threads exist, so every
@@ -138,11 +140,14 @@ pub fn filter(children: &[i32]) -> Result<ScmpFilterContext, JailError> {
     crate::jail::filter(ALLOWED, &crate::jail::fatal_with_exec(), children)
 }
 
-pub use crate::jail::drop_capabilities;
+/// The one capability the running supervisor keeps: to kill its jailed
+/// VMM, whose uid is not its own.
+pub const KEPT: &[caps::Capability] = &[caps::Capability::CAP_KILL];
 
-/// Enters the steady-state jail: no capabilities, then the filter.
+/// Enters the steady-state jail: every capability but [`KEPT`] dropped,
+/// then the filter.
 pub fn enter(children: &[i32]) -> Result<(), JailError> {
-    drop_capabilities()?;
+    crate::jail::drop_capabilities_except(KEPT)?;
     filter(children)?
         .load()
         .map_err(|source| JailError::Seccomp {
@@ -219,9 +224,12 @@ mod tests {
             if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EPERM) {
                 return 1;
             }
-            // No capability is left: even root cannot chown what it does
-            // not own, or raise the capabilities again.
-            if caps::read(None, caps::CapSet::Effective).map_or(true, |s| !s.is_empty()) {
+            // No capability is left but CAP_KILL: even root cannot chown
+            // what it does not own, or raise the capabilities again.
+            let kept: caps::CapsHashSet = KEPT.iter().copied().collect();
+            if caps::read(None, caps::CapSet::Effective).map_or(true, |s| s != kept)
+                || caps::read(None, caps::CapSet::Bounding).map_or(true, |s| s != kept)
+            {
                 return 2;
             }
             // On the list: a thread, a pipe, time.

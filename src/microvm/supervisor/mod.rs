@@ -304,6 +304,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         }
     }
     let config = VmConfig {
+        name: state.id.clone(),
         kernel: host.kernel.clone(),
         initramfs: super::initramfs::for_init(host.guest_agent.as_deref())?,
         cmdline,
@@ -315,6 +316,10 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         run_dir: dir.clone(),
         kvm: host.accel == Accel::Kvm,
         nics: plumbed.nics.clone(),
+        vmm_user: super::vmm::jail::Identity::for_supervisor(
+            args.config.microvm.vmm_uid_base(),
+            std::process::id(),
+        ),
     };
     let backend = super::vmm::for_host(&host);
     tracing::info!(

@@ -3,10 +3,12 @@
 //! guest (kernel, agent, protocol) and the share layout are the same for
 //! every backend.
 
+use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 
+pub mod jail;
 pub mod qemu;
 
 #[derive(Debug, thiserror::Error)]
@@ -21,11 +23,16 @@ pub enum VmmError {
         what: String,
         source: std::io::Error,
     },
+    #[error("cannot build the VMM's jail: {0}")]
+    Jail(#[from] jail::JailError),
 }
 
 /// What to boot.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
+    /// What the VMM's processes are called (the container id), so `ps`
+    /// on the host tells which container they run.
+    pub name: String,
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
     pub cmdline: String,
@@ -35,16 +42,20 @@ pub struct VmConfig {
     /// `protocol::SHARE_TAG`.
     pub share_dir: PathBuf,
     /// Name of the unix socket in `run_dir` the supervisor listens on; the
-    /// VMM connects it to the guest's control port.
+    /// backend connects to it and hands the connection to the VMM, which
+    /// joins it to the guest's control port.
     pub control_socket: PathBuf,
     /// Where the guest's serial console goes.
     pub console_log: PathBuf,
-    /// A private directory for the backend's own sockets; the VMM runs in
-    /// it, so socket names are short whatever its path (see `sock`).
+    /// A private directory for the backend's own sockets, logs and the
+    /// VMM's jail root (socket names in it are short whatever its path:
+    /// see `sock`).
     pub run_dir: PathBuf,
     pub kvm: bool,
     /// One virtio NIC per tap, in order.
     pub nics: Vec<super::net::Nic>,
+    /// Who the jailed VMM runs as.
+    pub vmm_user: jail::Identity,
 }
 
 /// How a part of a VM ended.
@@ -85,19 +96,54 @@ pub fn for_host(host: &crate::microvm::host::Host) -> Box<dyn Backend> {
     })
 }
 
+/// One helper process of a VM: what it is, the child, and the file its
+/// stderr goes to.
+pub struct Helper {
+    pub name: &'static str,
+    pub child: Child,
+    pub log: Option<PathBuf>,
+}
+
 /// A VM made of helper processes (the VMM first), children of the
 /// supervisor that die with it.
 pub struct ProcessVm {
-    pub processes: Vec<(&'static str, Child)>,
+    pub processes: Vec<Helper>,
+}
+
+/// Most bytes of a helper's log quoted when it ends.
+const LOG_TAIL: usize = 300;
+
+/// The last non-empty line of a helper's log, printable ASCII only and
+/// bounded (a VMM may echo what the guest made it say).
+fn last_line(path: &std::path::Path) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    let start = bytes.len().saturating_sub(8 * 1024);
+    let text: String = String::from_utf8_lossy(&bytes[start..])
+        .chars()
+        .map(|c| {
+            if c == '\n' || (' '..='~').contains(&c) {
+                c
+            } else {
+                ' '
+            }
+        })
+        .collect();
+    let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+    let cut = line.len().saturating_sub(LOG_TAIL);
+    Some(line[cut..].to_string())
 }
 
 impl Vm for ProcessVm {
     fn exited(&mut self) -> Option<Exited> {
-        for (name, child) in &mut self.processes {
-            if let Ok(Some(status)) = child.try_wait() {
+        for h in &mut self.processes {
+            if let Ok(Some(status)) = h.child.try_wait() {
+                let said = h.log.as_deref().and_then(last_line);
                 return Some(Exited {
-                    part: name,
-                    how: status.to_string(),
+                    part: h.name,
+                    how: match said {
+                        Some(line) => format!("{status}: {line}"),
+                        None => status.to_string(),
+                    },
                 });
             }
         }
@@ -105,21 +151,22 @@ impl Vm for ProcessVm {
     }
 
     fn kill(&mut self) {
-        for (_, child) in &mut self.processes {
-            let _ = child.kill();
+        for h in &mut self.processes {
+            let _ = h.child.kill();
         }
-        for (_, child) in &mut self.processes {
-            let _ = child.wait();
+        for h in &mut self.processes {
+            let _ = h.child.wait();
         }
     }
 
     fn host_pids(&self) -> Vec<i32> {
-        self.processes.iter().map(|(_, c)| c.id() as i32).collect()
+        self.processes.iter().map(|h| h.child.id() as i32).collect()
     }
 }
 
 /// Makes a helper process die with its supervisor, so a SIGKILLed
-/// supervisor never leaves a VM behind.
+/// supervisor never leaves a VM behind. A change of uid clears the
+/// setting: register this after [`jail::install`].
 pub fn die_with_parent(cmd: &mut Command) {
     // SAFETY: the closure runs between fork and exec and only calls
     // prctl, which is async-signal-safe.
@@ -131,6 +178,38 @@ pub fn die_with_parent(cmd: &mut Command) {
             // The parent may already be gone.
             if libc::getppid() == 1 {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Puts the descriptors `fds` at `first`, `first` + 1, … in the child,
+/// whatever their numbers in the parent (they stay open in the parent;
+/// the caller keeps them until the spawn returns).
+pub fn place_fds(cmd: &mut Command, fds: Vec<RawFd>, first: RawFd) {
+    // SAFETY: runs between fork and exec; fcntl and dup2 are
+    // async-signal-safe, the vector was built before the fork and is only
+    // read, and the descriptors are open (the caller holds them).
+    unsafe {
+        cmd.pre_exec(move || {
+            // First out of the way of the target numbers, then onto them.
+            // The high copies are close-on-exec.
+            let mut high = [0 as RawFd; 64];
+            if fds.len() > high.len() {
+                return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
+            }
+            for (i, fd) in fds.iter().enumerate() {
+                let h = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 256);
+                if h < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                high[i] = h;
+            }
+            for (i, h) in high[..fds.len()].iter().enumerate() {
+                if libc::dup2(*h, first + i as RawFd) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });

@@ -1,14 +1,25 @@
 //! The qemu backend: Debian's `qemu-system-x86_64 -M microvm`, KVM where
 //! the host has hardware virtualization and TCG elsewhere, with the share
 //! served by one `virtiofsd` over vhost-user.
+//!
+//! QEMU parses every device access of the guest, so it runs jailed
+//! (`jail`): its own mount namespace whose root holds only its binary,
+//! libraries, firmware and the guest's images, an unprivileged uid of its
+//! own, no capabilities, and its own seccomp filter (`-sandbox`). It opens
+//! no host path of ours: the control and vhost-user sockets are connected
+//! by the supervisor and the console log is opened by it, all passed as
+//! descriptors with the taps.
 
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixListener;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::{die_with_parent, inherit_below, Backend, ProcessVm, Vm, VmConfig, VmmError};
+use super::jail::{self, Tree};
+use super::{
+    die_with_parent, inherit_below, place_fds, Backend, Helper, ProcessVm, Vm, VmConfig, VmmError,
+};
 use crate::protocol::{PORT_NAME, SHARE_TAG};
 
 pub struct Qemu {
@@ -20,8 +31,56 @@ pub struct Qemu {
 const FS_SOCKET: &str = "virtiofsd.sock";
 /// virtiofsd gets its listening socket as this fd.
 const VIRTIOFSD_FD: i32 = 3;
-/// QEMU gets NIC i's tap as fd NIC_FD_BASE + i.
-const NIC_FD_BASE: i32 = 3;
+/// QEMU's first passed descriptor: the taps (one per NIC, in order), then
+/// the control socket, the vhost-user socket and the console log.
+const FIRST_FD: RawFd = 3;
+/// QEMU's root directory, in the run directory (mounted in the
+/// supervisor's namespace only).
+const JAIL_DIR: &str = "qemu-root";
+/// Where the guest's kernel and initramfs are in QEMU's jail.
+const JAILED_KERNEL: &str = "/vm/kernel";
+const JAILED_INITRAMFS: &str = "/vm/initramfs";
+/// The `-add-fd` set holding the console log.
+const CONSOLE_FDSET: u32 = 1;
+
+/// The numbers QEMU gets its descriptors at.
+struct QemuFds {
+    taps: Vec<RawFd>,
+    control: RawFd,
+    fs: RawFd,
+    console: RawFd,
+}
+
+impl QemuFds {
+    fn for_nics(n: usize) -> QemuFds {
+        let after = FIRST_FD + n as RawFd;
+        QemuFds {
+            taps: (FIRST_FD..after).collect(),
+            control: after,
+            fs: after + 1,
+            console: after + 2,
+        }
+    }
+
+    fn end(&self) -> RawFd {
+        self.console + 1
+    }
+}
+
+/// vhost-net only where the device exists and with KVM: QEMU aborts on
+/// vhost=on without it.
+fn uses_vhost(config: &VmConfig) -> bool {
+    config.kvm && Path::new("/dev/vhost-net").exists()
+}
+
+fn log_file(path: &Path) -> Stdio {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(Stdio::from)
+        .unwrap_or_else(|_| Stdio::null())
+}
 
 impl Qemu {
     /// The virtiofsd command and the listening socket it inherits; the
@@ -48,14 +107,7 @@ impl Qemu {
             .stdout(Stdio::null())
             // Never the workload's stderr (the supervisor's, without a
             // terminal): its messages would land in `docker logs`.
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(config.run_dir.join("virtiofsd.log"))
-                    .map(Stdio::from)
-                    .unwrap_or_else(|_| Stdio::null()),
-            );
+            .stderr(log_file(&config.run_dir.join("virtiofsd.log")));
         let fd = listener.as_raw_fd();
         // SAFETY: runs between fork and exec; dup2 is async-signal-safe and
         // the listener's fd stays valid until spawn returns (the caller
@@ -73,10 +125,67 @@ impl Qemu {
         Ok((cmd, listener))
     }
 
-    fn qemu_args(&self, config: &VmConfig, fs_socket: &Path) -> Vec<String> {
+    /// QEMU's root: its binary and libraries at their host paths, its
+    /// accelerator module and firmware, the guest's kernel and initramfs,
+    /// and the device nodes it opens. Built in the supervisor's private
+    /// mount namespace under the run directory.
+    fn jail(&self, config: &VmConfig) -> Result<PathBuf, VmmError> {
+        let mut tree = Tree::create(&config.run_dir.join(JAIL_DIR))?;
+        tree.bind(&self.qemu, true)?;
+        for lib in jail::dependencies(&self.qemu)? {
+            tree.bind(&lib, true)?;
+        }
+        // QEMU finds its modules and data relative to its own directory
+        // (realpath of argv[0]: there is no /proc in the jail).
+        let exe = std::fs::canonicalize(&self.qemu).map_err(|source| jail::JailError::Io {
+            what: "resolve",
+            path: self.qemu.clone(),
+            source,
+        })?;
+        let prefix = exe
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("/"));
+        if !config.kvm {
+            // Debian builds TCG as a loadable module.
+            let module = ["lib/x86_64-linux-gnu/qemu", "lib64/qemu", "lib/qemu"]
+                .iter()
+                .map(|d| prefix.join(d).join("accel-tcg-x86_64.so"))
+                .find(|m| m.is_file());
+            if let Some(module) = module {
+                tree.bind(&module, true)?;
+                for lib in jail::dependencies(&module)? {
+                    tree.bind(&lib, true)?;
+                }
+            }
+        }
+        // Firmware: the microvm BIOS (qboot) and the PVH option ROM.
+        let data = prefix.join("share/qemu");
+        if data.is_dir() {
+            tree.bind(&data, false)?;
+        }
+        tree.bind_as(&config.kernel, Path::new(JAILED_KERNEL))?;
+        tree.bind_as(&config.initramfs, Path::new(JAILED_INITRAMFS))?;
+        for dev in ["/dev/null", "/dev/zero", "/dev/urandom"] {
+            tree.device(Path::new(dev), 0o666, None)?;
+        }
+        if config.kvm {
+            tree.device(Path::new("/dev/kvm"), 0o600, Some(config.vmm_user))?;
+        }
+        if uses_vhost(config) {
+            tree.device(Path::new("/dev/vhost-net"), 0o600, Some(config.vmm_user))?;
+        }
+        Ok(tree.seal()?)
+    }
+
+    fn qemu_args(&self, config: &VmConfig, fds: &QemuFds) -> Vec<String> {
         let mem = config.memory_mib;
         let mut a: Vec<String> = Vec::new();
         let mut push = |s: &str| a.push(s.to_string());
+        // The container's id, for `ps` on the host (a comma is doubled: it
+        // separates QEMU's options).
+        push("-name");
+        push(&format!("guest=agentvm-{}", config.name.replace(',', ",,")));
         push("-M");
         push("microvm,acpi=off,memory-backend=mem,rtc=on");
         if config.kvm {
@@ -100,41 +209,37 @@ impl Qemu {
             push(s);
         }
         push("-kernel");
-        push(&config.kernel.to_string_lossy());
+        push(JAILED_KERNEL);
         push("-initrd");
-        push(&config.initramfs.to_string_lossy());
+        push(JAILED_INITRAMFS);
         push("-append");
         push(&config.cmdline);
+        // The console log, opened by the supervisor: QEMU takes it from an
+        // fd set, since it cannot open the file itself.
+        push("-add-fd");
+        push(&format!("fd={},set={CONSOLE_FDSET}", fds.console));
         push("-chardev");
-        push(&format!(
-            "file,id=con,path={}",
-            config.console_log.display()
-        ));
+        push(&format!("file,id=con,path=/dev/fdset/{CONSOLE_FDSET}"));
         push("-serial");
         push("chardev:con");
         push("-chardev");
-        push(&format!("socket,id=fs0,path={}", fs_socket.display()));
+        push(&format!("socket,id=fs0,fd={}", fds.fs));
         push("-device");
         push(&format!("vhost-user-fs-device,chardev=fs0,tag={SHARE_TAG}"));
         push("-device");
         push("virtio-serial-device");
         push("-chardev");
-        push(&format!(
-            "socket,id=ctl,path={}",
-            config.control_socket.display()
-        ));
+        push(&format!("socket,id=ctl,fd={}", fds.control));
         push("-device");
         push(&format!("virtserialport,chardev=ctl,name={PORT_NAME}"));
         push("-device");
         push("virtio-rng-device");
-        // vhost-net only where the device exists and with KVM: QEMU aborts
-        // on vhost=on without it.
-        let vhost = config.kvm && Path::new("/dev/vhost-net").exists();
+        let vhost = uses_vhost(config);
         for (i, nic) in config.nics.iter().enumerate() {
             push("-netdev");
             push(&format!(
                 "tap,id=net{i},fd={}{}",
-                NIC_FD_BASE + i as i32,
+                fds.taps[i],
                 if vhost { ",vhost=on" } else { "" }
             ));
             push("-device");
@@ -150,6 +255,68 @@ impl Qemu {
         push("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
         a
     }
+
+    /// Builds QEMU's jail, connects the control socket, opens the console
+    /// log and starts QEMU. The supervisor's copies of the descriptors
+    /// close when this returns, so QEMU's are the only ones: its death is
+    /// the channel's end.
+    fn start_qemu(&self, config: &VmConfig, fs: &UnixStream) -> Result<Helper, VmmError> {
+        let root = self.jail(config)?;
+        let name = config.control_socket.to_string_lossy();
+        let control = crate::microvm::sock::connect(&config.run_dir, &name).map_err(|source| {
+            VmmError::Setup {
+                what: format!("connect {}", config.run_dir.join(&*name).display()),
+                source,
+            }
+        })?;
+        let console = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&config.console_log)
+            .map_err(|source| VmmError::Setup {
+                what: format!("open {}", config.console_log.display()),
+                source,
+            })?;
+        self.spawn_qemu(config, &root, &control, fs, &console)
+    }
+
+    /// Starts QEMU in its jail with `fds` (control, vhost-user, console)
+    /// and the taps as its only descriptors besides stdio.
+    fn spawn_qemu(
+        &self,
+        config: &VmConfig,
+        root: &Path,
+        control: &UnixStream,
+        fs: &UnixStream,
+        console: &std::fs::File,
+    ) -> Result<Helper, VmmError> {
+        let fds = QemuFds::for_nics(config.nics.len());
+        let log = config.run_dir.join("qemu.log");
+        let mut cmd = Command::new(&self.qemu);
+        cmd.args(self.qemu_args(config, &fds))
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file(&log));
+        let mut passed: Vec<RawFd> = config.nics.iter().map(|n| n.tap.as_raw_fd()).collect();
+        passed.extend([control.as_raw_fd(), fs.as_raw_fd(), console.as_raw_fd()]);
+        place_fds(&mut cmd, passed, FIRST_FD);
+        inherit_below(&mut cmd, fds.end() as u32);
+        // The jail last but for the parent-death signal, which the change
+        // of user would clear.
+        jail::install(&mut cmd, root, config.vmm_user)?;
+        die_with_parent(&mut cmd);
+        let child = cmd.spawn().map_err(|source| VmmError::Spawn {
+            what: "qemu-system-x86_64 in its jail",
+            source,
+        })?;
+        Ok(Helper {
+            name: "qemu",
+            child,
+            log: Some(log),
+        })
+    }
 }
 
 impl Backend for Qemu {
@@ -158,66 +325,36 @@ impl Backend for Qemu {
     }
 
     fn launch(&self, config: &VmConfig) -> Result<Box<dyn Vm>, VmmError> {
-        let fs_socket = PathBuf::from(FS_SOCKET);
         let (mut fs_cmd, listener) = self.virtiofsd(config)?;
+        // QEMU's end of the vhost-user socket, connected here: virtiofsd
+        // accepts it once it runs.
+        let fs = crate::microvm::sock::connect(&config.run_dir, FS_SOCKET).map_err(|source| {
+            VmmError::Setup {
+                what: format!("connect {}", config.run_dir.join(FS_SOCKET).display()),
+                source,
+            }
+        })?;
         let virtiofsd = fs_cmd.spawn().map_err(|source| VmmError::Spawn {
             what: "virtiofsd",
             source,
         })?;
         drop(listener);
         let mut vm = ProcessVm {
-            processes: vec![("virtiofsd", virtiofsd)],
+            processes: vec![Helper {
+                name: "virtiofsd",
+                child: virtiofsd,
+                log: Some(config.run_dir.join("virtiofsd.log")),
+            }],
         };
-        let mut cmd = Command::new(&self.qemu);
-        // Socket paths are names in run_dir (see `sock`).
-        cmd.args(self.qemu_args(config, &fs_socket))
-            .current_dir(&config.run_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(config.run_dir.join("qemu.log"))
-                    .map(Stdio::from)
-                    .unwrap_or_else(|_| Stdio::null()),
-            );
-        die_with_parent(&mut cmd);
-        let taps: Vec<i32> = config.nics.iter().map(|n| n.tap.as_raw_fd()).collect();
-        // SAFETY: runs between fork and exec; fcntl and dup2 are
-        // async-signal-safe and the taps stay open until spawn returns
-        // (`config` holds them).
-        unsafe {
-            cmd.pre_exec(move || {
-                // First out of the way of the target numbers, then onto them.
-                let mut high = Vec::with_capacity(taps.len());
-                for fd in &taps {
-                    let h = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 256);
-                    if h < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    high.push(h);
-                }
-                for (i, h) in high.iter().enumerate() {
-                    if libc::dup2(*h, NIC_FD_BASE + i as i32) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
-        inherit_below(&mut cmd, (NIC_FD_BASE as u32) + config.nics.len() as u32);
-        match cmd.spawn() {
-            Ok(child) => {
-                vm.processes.insert(0, ("qemu", child));
+        // The jail is built while virtiofsd starts.
+        match self.start_qemu(config, &fs) {
+            Ok(qemu) => {
+                vm.processes.insert(0, qemu);
                 Ok(Box::new(vm))
             }
-            Err(source) => {
+            Err(e) => {
                 vm.kill();
-                Err(VmmError::Spawn {
-                    what: "qemu-system-x86_64",
-                    source,
-                })
+                Err(e)
             }
         }
     }

@@ -215,6 +215,33 @@ pub fn processes_with(marker: &str) -> Vec<String> {
     found
 }
 
+/// The children of `parent` as "pid: command line", as [`processes_with`]
+/// shows processes.
+pub fn children_of(parent: i32) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc")
+        .expect("proc")
+        .filter_map(|e| e.ok())
+    {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid …; comm may hold spaces and parentheses.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if ppid != Some(parent) {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) {
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            found.push(format!("{}: {text}", e.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
 /// One failed command: non-zero, one stderr line naming the problem, the
 /// same message as a JSON error line in the log.
 #[track_caller]
