@@ -329,14 +329,7 @@ pub fn serve(
             }
             Decision::Refused { reply, name } => {
                 let _ = listener.send_to(&reply, client);
-                shared
-                    .trail
-                    .limited(&format!("dns {name}"), |_| Event::Dns {
-                        verdict: Verdict::Denied,
-                        name,
-                        rule: None,
-                        addresses: Vec::new(),
-                    });
+                refused(&shared, name);
             }
             Decision::Forward { name, rules: which } => {
                 let Some(upstream) = upstream.clone() else {
@@ -358,6 +351,18 @@ pub fn serve(
             }
         }
     }
+}
+
+/// The trail's line for a name no rule allows (rate-limited per name).
+fn refused(shared: &Shared, name: String) {
+    shared
+        .trail
+        .limited(&format!("dns {name}"), |_| Event::Dns {
+            verdict: Verdict::Denied,
+            name,
+            rule: None,
+            addresses: Vec::new(),
+        });
 }
 
 fn forward(
@@ -468,14 +473,7 @@ pub fn serve_tcp(shared: &Shared, mut client: std::net::TcpStream, upstream: Opt
             Decision::Drop => return,
             Decision::Answer(bytes) => bytes,
             Decision::Refused { reply, name } => {
-                shared
-                    .trail
-                    .limited(&format!("dns {name}"), |_| Event::Dns {
-                        verdict: Verdict::Denied,
-                        name,
-                        rule: None,
-                        addresses: Vec::new(),
-                    });
+                refused(shared, name);
                 reply
             }
             Decision::Forward { name, rules } => {
