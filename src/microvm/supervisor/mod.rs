@@ -425,18 +425,7 @@ const CONSOLE_TAIL: usize = 400;
 /// The last lines of the guest's console, for an error: printable ASCII
 /// only (the guest writes it), at most [`CONSOLE_TAIL`] bytes.
 fn console_tail(path: &Path) -> Option<String> {
-    let bytes = std::fs::read(path).ok()?;
-    let start = bytes.len().saturating_sub(64 * 1024);
-    let text: String = String::from_utf8_lossy(&bytes[start..])
-        .chars()
-        .map(|c| {
-            if c == '\n' || (' '..='~').contains(&c) {
-                c
-            } else {
-                ' '
-            }
-        })
-        .collect();
+    let text = super::vmm::printable_tail(path, 64 * 1024)?;
     let lines: Vec<&str> = text
         .lines()
         .map(str::trim)

@@ -110,24 +110,33 @@ pub struct ProcessVm {
     pub processes: Vec<Helper>,
 }
 
+/// The last `window` bytes of a log that the guest (or a VMM echoing it)
+/// writes into, with every character but newlines and printable ASCII
+/// blanked, for quoting in an error.
+pub(crate) fn printable_tail(path: &std::path::Path, window: usize) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    let start = bytes.len().saturating_sub(window);
+    Some(
+        String::from_utf8_lossy(&bytes[start..])
+            .chars()
+            .map(|c| {
+                if c == '\n' || (' '..='~').contains(&c) {
+                    c
+                } else {
+                    ' '
+                }
+            })
+            .collect(),
+    )
+}
+
 /// Most bytes of a helper's log quoted when it ends.
 const LOG_TAIL: usize = 300;
 
 /// The last non-empty line of a helper's log, printable ASCII only and
 /// bounded (a VMM may echo what the guest made it say).
 fn last_line(path: &std::path::Path) -> Option<String> {
-    let bytes = std::fs::read(path).ok()?;
-    let start = bytes.len().saturating_sub(8 * 1024);
-    let text: String = String::from_utf8_lossy(&bytes[start..])
-        .chars()
-        .map(|c| {
-            if c == '\n' || (' '..='~').contains(&c) {
-                c
-            } else {
-                ' '
-            }
-        })
-        .collect();
+    let text = printable_tail(path, 8 * 1024)?;
     let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
     let cut = line.len().saturating_sub(LOG_TAIL);
     Some(line[cut..].to_string())
