@@ -187,7 +187,7 @@ make_disks() {
 # the init's first line arrived. Sets qemu_rc, t_start, t_init, t_end.
 run_qemu() {
     local tmp=$1 vmlinux=$2 khz=$3
-    local append="console=ttyS0 reboot=t panic=-1 tsc_early_khz=$khz tsc=reliable ${SMOKE_APPEND:-}"
+    local append="console=ttyS0 reboot=t panic=-1 no_timer_check tsc_early_khz=$khz tsc=reliable ${SMOKE_APPEND:-}"
     # shellcheck disable=SC2054 # the commas are QEMU's option syntax
     local qemu=(qemu-system-x86_64 -M microvm,acpi=off -accel tcg -cpu max -m 256 -smp 2
         -nographic -no-reboot -kernel "$vmlinux" -initrd "$tmp/initramfs.cpio" -append "$append"

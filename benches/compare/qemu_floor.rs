@@ -111,6 +111,8 @@ impl Floor {
 
         let mut cmdline = String::from("console=ttyS0 reboot=t panic=-1 quiet rdinit=/init");
         if !kvm {
+            // As the supervisor boots a TCG guest.
+            cmdline.push_str(" no_timer_check");
             if let Some(khz) = tsc_khz() {
                 cmdline.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));
             }

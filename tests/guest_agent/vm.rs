@@ -274,7 +274,8 @@ impl Vm {
             .spawn()
             .expect("start virtiofsd");
         wait_for_path(&fs_sock, "virtiofsd");
-        let mut append = "console=ttyS0 reboot=t panic=-1 quiet tsc=reliable".to_string();
+        let mut append =
+            "console=ttyS0 reboot=t panic=-1 quiet no_timer_check tsc=reliable".to_string();
         if let Some(khz) = assets.tsc_khz {
             append.push_str(&format!(" tsc_early_khz={khz}"));
         }

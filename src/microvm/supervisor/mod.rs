@@ -299,6 +299,10 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         .map_err(io_error("cannot listen on the control socket"))?;
     let mut cmdline = String::from("console=ttyS0 reboot=t panic=-1 quiet rdinit=/init");
     if host.accel == Accel::Tcg {
+        // Emulated vCPUs on a busy host miss the IO-APIC timer check's
+        // window, and the kernel panics ("IO-APIC + timer doesn't work!"):
+        // seen as an occasional "control channel closed" at create.
+        cmdline.push_str(" no_timer_check");
         if let Some(khz) = super::host::tsc_khz() {
             cmdline.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));
         }
