@@ -208,7 +208,12 @@ pub fn processes_with(marker: &str) -> Vec<String> {
         if let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) {
             let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             if text.contains(marker) {
-                found.push(format!("{}: {text}", e.file_name().to_string_lossy()));
+                // "pid (comm) state ppid" first: a failure's excerpt is
+                // short, and these say what the process is.
+                let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+                let head: Vec<&str> = stat.split_whitespace().take(4).collect();
+                let text: String = text.chars().take(160).collect();
+                found.push(format!("{}: {text}", head.join(" ")));
             }
         }
     }
