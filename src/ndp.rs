@@ -69,6 +69,42 @@ impl NdpProxy {
         Ok(NdpProxy { sock, mac, own })
     }
 
+    /// What [`NdpProxy::adopt`] needs besides the socket, as text for
+    /// another process's command line: `MAC=ADDR,ADDR…`.
+    pub fn describe(&self) -> String {
+        let own: Vec<String> = self.own.iter().map(|a| a.to_string()).collect();
+        format!(
+            "{}={}",
+            crate::netlink::format_mac(&self.mac),
+            own.join(",")
+        )
+    }
+
+    /// The packet socket, to pass to another process.
+    pub fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// An answerer on a socket another process opened with [`NdpProxy::open`]
+    /// and described with [`NdpProxy::describe`].
+    pub fn adopt(sock: OwnedFd, description: &str) -> Result<NdpProxy, String> {
+        let bad = || format!("bad neighbour answerer description {description:?}");
+        let (mac, own) = description.split_once('=').ok_or_else(bad)?;
+        let parts: Vec<u8> = mac
+            .split(':')
+            .map(|b| u8::from_str_radix(b, 16))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad())?;
+        let mac: [u8; 6] = parts.try_into().map_err(|_| bad())?;
+        let own = own
+            .split(',')
+            .filter(|a| !a.is_empty())
+            .map(|a| a.parse())
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad())?;
+        Ok(NdpProxy { sock, mac, own })
+    }
+
     /// Serves on a thread of its own until the socket fails (the tap gone).
     pub fn spawn(self) {
         std::thread::spawn(move || self.serve());

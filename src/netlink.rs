@@ -360,8 +360,10 @@ impl Netlink {
         if let Some(oif) = route.oif {
             msg.attributes.push(RouteAttribute::Oif(oif));
         }
-        if route.kind == RouteKind::Local {
-            // As the kernel adds it with the address.
+        if route.kind == RouteKind::Local && route.dst.is_ipv4() {
+            // As the kernel adds it with the address. (IPv6 has none: a
+            // preferred source must be an address of the namespace, and
+            // an IPv6 local route may be for one that is not, AnyIP.)
             msg.attributes
                 .push(RouteAttribute::PrefSource(RouteAddress::from(route.dst)));
         }

@@ -22,10 +22,10 @@
 //!   [`DNS_RELAY`], an address of the tap that the guest's own relay on that
 //!   loopback address forwards to.
 //!
-//! IPv6 is routed the same way without a policy, with
-//! [`crate::ndp::NdpProxy`] answering neighbour solicitations on the
-//! sandbox's interface as proxy ARP does for IPv4; under a policy it is
-//! not routed yet (a warning says so) and the sandbox's interface drops it.
+//! IPv6 is routed the same way, with [`crate::ndp::NdpProxy`] answering
+//! neighbour solicitations on the sandbox's interface as proxy ARP does
+//! for IPv4. Under a policy the service address has an IPv6 twin,
+//! [`SERVICE6`], where the proxy and the resolver also listen.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -42,6 +42,10 @@ use crate::protocol::{DnsRelay, Interface, IpNet, Network, Route as GuestRoute};
 
 /// The namespace-side address of the DNS relay (on the first tap).
 pub const DNS_RELAY: Ipv4Addr = Ipv4Addr::new(169, 254, 53, 53);
+/// The service address's IPv6 twin (a unique local address of ours, on
+/// the first sandbox interface), under a policy when the sandbox has IPv6.
+pub const SERVICE6: std::net::Ipv6Addr =
+    std::net::Ipv6Addr::new(0xfd61, 0x7676, 0x6d00, 0, 0, 0, 0, 0x53);
 /// Taps are named `avtap0`, `avtap1`… in the container's namespace.
 pub const TAP_PREFIX: &str = "avtap";
 /// The router's ends of the container tier's veth pairs: `avveth0`…
@@ -156,6 +160,13 @@ pub struct Plumbed {
     names: Vec<Restore>,
     /// The egress proxy's listener (a policy other than `allow`).
     pub proxy: Option<std::net::TcpListener>,
+    /// Its IPv6 twin on [`SERVICE6`], and the resolver's (names in the
+    /// policy), when the sandbox has IPv6.
+    pub proxy6: Option<std::net::TcpListener>,
+    pub dns6: Option<UdpSocket>,
+    /// The container's IPv6 address the daemon's own IPv6 sockets leave
+    /// from (see `egress::sock`).
+    pub source6: Option<std::net::Ipv6Addr>,
     /// The egress rules' table is installed.
     nft: bool,
     /// Addresses the guest took over, by link index.
@@ -164,6 +175,8 @@ pub struct Plumbed {
     local_rule: bool,
     /// IPv6 neighbour answers on each sandbox interface with IPv6.
     pub ndp: Vec<crate::ndp::NdpProxy>,
+    /// The first sandbox interface with IPv6, where [`SERVICE6`] goes.
+    v6_side: Option<u32>,
 }
 
 /// The route keeping `addr` local in [`LOCAL_TABLE`] for marked packets.
@@ -171,7 +184,7 @@ fn local_route(link: u32, addr: IpAddr) -> Route {
     Route {
         table: LOCAL_TABLE,
         dst: addr,
-        prefix: 32,
+        prefix: if addr.is_ipv4() { 32 } else { 128 },
         gateway: None,
         oif: Some(link),
         kind: RouteKind::Local,
@@ -238,6 +251,7 @@ pub fn restore(netns: &Path, entries: &[Restore], egress_rules: bool) {
             };
             if let Some(prefix) = e.prefix {
                 give_back_v6(&mut nl, link.index, e.addr, prefix);
+                let _ = nl.del_route(&local_route(link.index, e.addr));
                 continue;
             }
             if !addrs
@@ -257,7 +271,9 @@ pub fn restore(netns: &Path, entries: &[Restore], egress_rules: bool) {
             let _ = nl.del_proxy_neighbour(link.index, e.addr);
             let _ = nl.del_route(&local_route(link.index, e.addr));
         }
-        let _ = nl.del_rule(false, LOCAL_MARK, LOCAL_TABLE.into(), LOCAL_RULE_PRIORITY);
+        for v6 in [false, true] {
+            let _ = nl.del_rule(v6, LOCAL_MARK, LOCAL_TABLE.into(), LOCAL_RULE_PRIORITY);
+        }
     })
     .join();
 }
@@ -317,7 +333,9 @@ impl Drop for Plumbed {
     fn drop(&mut self) {
         if self.local_rule {
             if let Ok(mut nl) = Netlink::open() {
-                let _ = nl.del_rule(false, LOCAL_MARK, LOCAL_TABLE.into(), LOCAL_RULE_PRIORITY);
+                for v6 in [false, true] {
+                    let _ = nl.del_rule(v6, LOCAL_MARK, LOCAL_TABLE.into(), LOCAL_RULE_PRIORITY);
+                }
                 for (link, addr) in &self.owned {
                     let _ = nl.del_route(&local_route(*link, *addr));
                 }
@@ -375,15 +393,7 @@ pub fn plumb(
             .filter(|a| a.index == link.index && a.global && a.addr.is_ipv6())
             .copied()
             .collect();
-        // IPv6 is routed like IPv4, but not yet under a policy, whose
-        // proxy and resolver listen on IPv4: there it is dropped.
-        let route_v6 = !v6.is_empty() && !egress;
-        if !v6.is_empty() && egress {
-            out.warnings.push(format!(
-                "{}: IPv6 is not routed under an egress policy yet; the sandbox gets IPv4 only",
-                link.name
-            ));
-        }
+        let route_v6 = !v6.is_empty();
         let Some(mac) = link.mac.filter(|_| link.ether) else {
             out.warnings.push(format!(
                 "{}: not an Ethernet interface; the microVM does not get it",
@@ -519,8 +529,9 @@ pub fn plumb(
                 kind: RouteKind::Unicast,
             })?;
             nl.add_proxy_neighbour(link.index, a.addr)?;
-            if a.addr.is_ipv4() {
-                out.owned.push((link.index, a.addr));
+            out.owned.push((link.index, a.addr));
+            if a.addr.is_ipv6() && out.v6_side.is_none() {
+                out.v6_side = Some(tap_index);
             }
             // The namespace never asks the guest who it is: its ARP request
             // would come from the guest's own address, which the guest
@@ -639,8 +650,32 @@ pub fn plumb(
             std::net::TcpListener::bind(at)
                 .map_err(io(format!("bind the egress proxy on {at}")))?,
         );
+        if let Some(side) = out.v6_side {
+            egress_v6(&mut nl, &mut out, side, dns == DnsMode::Resolver)?;
+        }
     }
     Ok(out)
+}
+
+/// The policy's IPv6 half: [`SERVICE6`] on sandbox interface `side`, the
+/// proxy's and the resolver's listeners there, and the rule keeping the
+/// container's IPv6 addresses local for the daemon's own connections.
+fn egress_v6(nl: &mut Netlink, out: &mut Plumbed, side: u32, names: bool) -> Result<(), NetError> {
+    nl.add_rule(true, LOCAL_MARK, LOCAL_TABLE.into(), LOCAL_RULE_PRIORITY)?;
+    out.source6 = out.owned.iter().find_map(|(_, a)| match a {
+        IpAddr::V6(v) => Some(*v),
+        IpAddr::V4(_) => None,
+    });
+    nl.add_address(side, IpAddr::V6(SERVICE6), 128)?;
+    let at = SocketAddr::new(IpAddr::V6(SERVICE6), crate::egress::proxy::PROXY_PORT);
+    out.proxy6 = Some(
+        std::net::TcpListener::bind(at).map_err(io(format!("bind the egress proxy on {at}")))?,
+    );
+    if names {
+        let at = SocketAddr::new(IpAddr::V6(SERVICE6), 53);
+        out.dns6 = Some(UdpSocket::bind(at).map_err(io(format!("bind the resolver on {at}")))?);
+    }
+    Ok(())
 }
 
 /// The guest's resolvers on loopback, relayed to the service address.
@@ -678,13 +713,22 @@ pub struct EgressDaemon<'a> {
     /// namespace, and [`crate::egress::daemon::POOL_SIZE`] sockets there
     /// connected to the resolver on its loopback.
     pub workload_dns: Option<(UdpSocket, Vec<UdpSocket>)>,
+    /// IPv6: the proxy's and resolver's listeners on [`SERVICE6`], the
+    /// container's address the daemon's own sockets leave from, and the
+    /// neighbour answers the daemon serves (the container tier's; a
+    /// microVM's supervisor serves its own).
+    pub proxy6: Option<std::net::TcpListener>,
+    pub dns6: Option<UdpSocket>,
+    pub source6: Option<std::net::Ipv6Addr>,
+    pub ndp: Vec<crate::ndp::NdpProxy>,
 }
 
 impl EgressDaemon<'_> {
     /// Starts it; its log is `egress.log` in `run_dir`.
     pub fn spawn(self) -> Result<std::process::Child, NetError> {
         use crate::egress::daemon::{
-            DNS_FD, FIRST_UNUSED_FD, POOL_SIZE, PROXY_FD, WATCH_FD, WORKLOAD_DNS_FD,
+            DNS6_FD, DNS_FD, FIRST_UNUSED_FD, MAX_NDP, NDP_FD, POOL_SIZE, PROXY6_FD, PROXY_FD,
+            WATCH_FD, WORKLOAD_DNS_FD,
         };
         use std::os::unix::process::CommandExt;
         let exe = std::fs::read_link("/proc/self/exe").map_err(io("find the agentvm binary"))?;
@@ -727,6 +771,26 @@ impl EgressDaemon<'_> {
             for (i, s) in pool.iter().enumerate() {
                 fds.push((s.as_raw_fd(), WORKLOAD_DNS_FD + 1 + i as i32));
             }
+        }
+        if let Some(p) = &self.proxy6 {
+            cmd.arg("--proxy6").arg("--own").arg(SERVICE6.to_string());
+            fds.push((p.as_raw_fd(), PROXY6_FD));
+        }
+        if let Some(d) = &self.dns6 {
+            cmd.arg("--dns6");
+            fds.push((d.as_raw_fd(), DNS6_FD));
+        }
+        if let Some(s) = self.source6 {
+            cmd.arg("--source6").arg(s.to_string());
+        }
+        if self.ndp.len() > MAX_NDP as usize {
+            return Err(io("answer neighbour solicitations")(std::io::Error::other(
+                format!("more than {MAX_NDP} interfaces with IPv6"),
+            )));
+        }
+        for (i, n) in self.ndp.iter().enumerate() {
+            cmd.arg("--ndp").arg(n.describe());
+            fds.push((n.as_raw_fd(), NDP_FD + i as i32));
         }
         let log = std::fs::OpenOptions::new()
             .create(true)

@@ -215,8 +215,7 @@ fn the_peer_reaches_a_server_in_the_guest() {
 
 /// A dual-stack namespace: the guest owns the IPv6 address too, with the
 /// routes the namespace had, reaches the peer over IPv6 and is reached by
-/// it, and the namespace gets its address back. Under a policy (either
-/// tier) IPv6 is not routed yet: nothing leaves over it.
+/// it, and the namespace gets its address back.
 #[test]
 fn ipv6_is_routed_to_the_guest_and_given_back() {
     if common::bundle::skip_unless_root() {
@@ -274,31 +273,94 @@ fn ipv6_is_routed_to_the_guest_and_given_back() {
     assert_eq!(said(&out, "ping6"), "ok", "{out}");
     assert_eq!(said(&out, "wget6"), "ok", "{out}");
     assert_eq!(ns.snapshot6(), before, "the namespace is as it was");
+}
 
+/// IPv6 under a policy, in both tiers, is judged as IPv4 is: an allowed
+/// address and port is reached through the proxy (from the container's own
+/// address), a name through its AAAA answer, whichever IPv6 server the
+/// workload asks; another port, ICMPv6 out, a denied name and a moved
+/// source address are refused and audited; and the namespace is as it was
+/// afterwards.
+#[test]
+fn ipv6_under_a_policy_is_judged_as_ipv4_is() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
     each_tier(|tier, f| {
+        let ns = Netns::new(&format!("{tier}v6p"));
+        ns.add_ipv6();
+        let before = ns.snapshot6();
+        let _dns = require!(PeerDns::start_with(
+            &ns,
+            &[("allowed6.test", PEER6), ("denied6.test", PEER6)],
+            &[PEER, PEER6],
+        ));
+        let _a = PeerServer::start_on(&ns, "[::]:8000", "a6");
+        let _b = PeerServer::start_on(&ns, "[::]:8001", "b6");
         write_script(
             f,
             &ns,
-            &"ping6 -c 1 -W 3 PEER6 >/dev/null 2>&1 && echo 'ping6 ok' || echo 'ping6 refused'; \
-              timeout -s KILL 10 wget -q -O /dev/null 'http://[PEER6]:8000/' \
-                && echo 'wget6 ok' || echo 'wget6 refused'; \
-              wget -q -O /dev/null http://PEER:8000/ && echo 'wget4 ok' || echo 'wget4 refused'"
+            &"t() { timeout -s KILL 10 wget -q -O /dev/null \"$2\" && echo \"$1 ok\" || echo \"$1 refused\"; }; \
+              t addr6 'http://[PEER6]:8000/'; \
+              t port6 'http://[PEER6]:8001/'; \
+              t name6 http://allowed6.test:8000/; \
+              t denied-name6 http://denied6.test:8000/; \
+              ping6 -c 1 -W 3 PEER6 >/dev/null 2>&1 && echo 'ping6 ok' || echo 'ping6 refused'; \
+              nslookup -type=aaaa allowed6.test PEER6 >/dev/null 2>&1 && echo 'lookup6 ok' || echo 'lookup6 refused'; \
+              nslookup -type=aaaa denied6.test PEER6 >/dev/null 2>&1 && echo 'denied-lookup6 ok' || echo 'denied-lookup6 refused'; \
+              ip -6 addr add fd00:231::99/64 dev eth0; sleep 2; ip -6 addr del GUEST6/64 dev eth0; \
+              t moved6 'http://[PEER6]:8000/'"
                 .replace("PEER6", PEER6)
-                .replace("PEER:", &format!("{PEER}:")),
+                .replace("GUEST6", GUEST6),
+        );
+        let resolv = f.dir.path().join("resolv.conf");
+        std::fs::write(&resolv, format!("nameserver {PEER}\n")).expect("resolv.conf");
+        // After the script: writing the config replaces the mounts.
+        add_mounts(
+            f,
+            [serde_json::json!({
+                "destination": "/etc/resolv.conf", "type": "bind",
+                "source": resolv, "options": ["rbind", "ro"]
+            })],
         );
         let id = &format!("{tier}-v6-policy");
         let out = f.agentvm(&[
             "--egress",
-            &format!("{PEER}:8000,[{PEER6}]:8000"),
+            &format!("[{PEER6}]:8000,allowed6.test:8000"),
             "run",
             "--bundle",
             &bundle_arg(f),
             id,
         ]);
         assert_eq!(out.code, 0, "{out}");
-        assert_eq!(said(&out, "ping6"), "refused", "{out}");
-        assert_eq!(said(&out, "wget6"), "refused", "{out}");
-        assert_eq!(said(&out, "wget4"), "ok", "{out}");
+        for (what, want) in [
+            ("addr6", "ok"),
+            ("port6", "refused"),
+            ("name6", "ok"),
+            ("denied-name6", "refused"),
+            ("ping6", "refused"),
+            ("lookup6", "ok"),
+            ("denied-lookup6", "refused"),
+            ("moved6", "refused"),
+        ] {
+            assert_eq!(said(&out, what), want, "{what}: {out}");
+        }
+        let audit = audit_of(f, id);
+        let shown = serde_json::to_string_pretty(&audit).unwrap_or_default();
+        for want in [
+            serde_json::json!({"event": "connection", "verdict": "allowed", "dst": PEER6, "port": 8000}),
+            serde_json::json!({"event": "connection", "verdict": "denied", "dst": PEER6, "port": 8001}),
+            serde_json::json!({"event": "dns", "verdict": "denied", "name": "denied6.test"}),
+        ] {
+            assert!(has_record(&audit, want.clone()), "no {want} in\n{shown}");
+        }
+        assert!(
+            audit.iter().any(|r| r["verdict"] == "denied"
+                && r["reason"]
+                    .as_str()
+                    .is_some_and(|why| why.starts_with("source fd00:231::99 "))),
+            "the moved address: {shown}"
+        );
         assert_nothing_left(f, id);
         assert_eq!(ns.snapshot6(), before, "the namespace is as it was");
     });
@@ -638,6 +700,17 @@ struct PeerDns(std::process::Child);
 
 impl PeerDns {
     fn start(ns: &Netns, names: &[&str]) -> Result<PeerDns, String> {
+        let answers: Vec<(&str, &str)> = names.iter().map(|n| (*n, PEER)).collect();
+        PeerDns::start_with(ns, &answers, &[PEER])
+    }
+
+    /// Answering each `(name, address)` (A or AAAA by the address),
+    /// listening on `listen`.
+    fn start_with(
+        ns: &Netns,
+        answers: &[(&str, &str)],
+        listen: &[&str],
+    ) -> Result<PeerDns, String> {
         let dnsmasq = ["/usr/sbin/dnsmasq", "/usr/bin/dnsmasq"]
             .into_iter()
             .find(|p| std::path::Path::new(p).exists())
@@ -652,11 +725,19 @@ impl PeerDns {
             "--no-resolv",
         ])
         .args(["--no-hosts", "--bind-interfaces", "--pid-file="])
-        .arg(format!("--listen-address={PEER}"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-        for n in names {
-            cmd.arg(format!("--address=/{n}/{PEER}"));
+        for l in listen {
+            cmd.arg(format!("--listen-address={l}"));
+        }
+        for (n, a) in answers {
+            // A name with an IPv6 address only has no IPv4 one (not a
+            // refusal, which fails the whole lookup).
+            if a.contains(':') {
+                cmd.arg(format!("--host-record={n},{a}"));
+            } else {
+                cmd.arg(format!("--address=/{n}/{a}"));
+            }
         }
         let child = cmd.spawn().map_err(|e| format!("start dnsmasq: {e}"))?;
         std::thread::sleep(std::time::Duration::from_millis(300));
@@ -1215,7 +1296,8 @@ fn a_killed_egress_daemon_fails_closed_and_a_killed_sandbox_leaves_nothing() {
 
 /// SIGKILLs the process of a `pid: cmdline` line.
 fn kill_9(line: &str) {
-    let pid = line.split(':').next().unwrap_or_default().trim();
+    // "pid: …" or "pid (comm) state ppid: …".
+    let pid = line.split([':', ' ']).next().unwrap_or_default().trim();
     assert!(
         Command::new("kill")
             .args(["-9", pid])

@@ -117,7 +117,7 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
         Ok(h) => format!(
             "available: qemu microvm, {} ({}), IPv4 and IPv6 networking routed through the \
              container's namespace, egress policy by address and by name (--egress; a proxy checks TLS SNI and HTTP Host); refused: the host's network \
-             (--network host); not implemented yet: IPv6 under a policy, joining host namespaces \
+             (--network host); not implemented yet: joining host namespaces \
              by path, update of vCPUs/RAM after create",
             h.accel.as_str(),
             h.accel_reason
@@ -158,7 +158,7 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
         "annotations": {
             "io.agentvm.version": env!("CARGO_PKG_VERSION"),
             "io.agentvm.isolation.default": format!("{default_tier} (from {source})"),
-            "io.agentvm.isolation.container": "available: namespaces, cgroups v1/v2, seccomp, capabilities (youki libcontainer 0.7); egress policy by address and by name (--egress) from a router namespace the workload's sits behind; refused: a policy on the host's network (--network host); not implemented yet: IPv6 under a policy",
+            "io.agentvm.isolation.container": "available: namespaces, cgroups v1/v2, seccomp, capabilities (youki libcontainer 0.7); egress policy by address and by name (--egress) from a router namespace the workload's sits behind; refused: a policy on the host's network (--network host)",
             "io.agentvm.isolation.microvm": microvm,
             "io.agentvm.checkpoint": "not supported",
             "io.agentvm.audit": audit,

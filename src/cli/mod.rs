@@ -179,6 +179,20 @@ pub struct EgressDaemonArgs {
     /// sockets connected to its resolver are passed.
     #[arg(long = "workload-dns")]
     pub workload_dns: bool,
+    /// The proxy's IPv6 listener is passed.
+    #[arg(long)]
+    pub proxy6: bool,
+    /// The resolver's IPv6 socket is passed.
+    #[arg(long)]
+    pub dns6: bool,
+    /// The container's IPv6 address, which the daemon's own IPv6 sockets
+    /// leave from.
+    #[arg(long)]
+    pub source6: Option<std::net::Ipv6Addr>,
+    /// A packet socket to answer neighbour solicitations on is passed, per
+    /// `MAC=ADDR,…` (the interface's MAC, the sandbox's own addresses).
+    #[arg(long)]
+    pub ndp: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -353,7 +367,33 @@ fn egress_daemon(args: EgressDaemonArgs) -> anyhow::Result<u8> {
             std::sync::Arc::new(crate::egress::resolver::SocketPool::new(pool)),
         )
     });
+    let proxy6 = args.proxy6.then(|| {
+        // SAFETY: the parent passes the IPv6 listener as this descriptor
+        // when it says --proxy6, and nothing else here owns it.
+        unsafe { std::net::TcpListener::from_raw_fd(daemon::PROXY6_FD) }
+    });
+    let dns6 = args.dns6.then(|| {
+        // SAFETY: the parent passes the IPv6 resolver socket as this
+        // descriptor when it says --dns6, and nothing else here owns it.
+        unsafe { std::net::UdpSocket::from_raw_fd(daemon::DNS6_FD) }
+    });
+    if args.ndp.len() > daemon::MAX_NDP as usize {
+        anyhow::bail!("at most {} --ndp", daemon::MAX_NDP);
+    }
+    let mut ndp = Vec::new();
+    for (i, d) in args.ndp.iter().enumerate() {
+        // SAFETY: the parent passes the i-th --ndp's packet socket as
+        // descriptor NDP_FD + i, and nothing else here owns it.
+        let sock = unsafe { std::os::fd::OwnedFd::from_raw_fd(daemon::NDP_FD + i as i32) };
+        ndp.push(crate::ndp::NdpProxy::adopt(sock, d).map_err(anyhow::Error::msg)?);
+    }
+    if let Some(s) = args.source6 {
+        crate::egress::sock::set_source6(s);
+    }
     daemon::run(Options {
+        proxy6,
+        dns6,
+        ndp,
         watch,
         detached: args.detached,
         workload_dns,

@@ -370,6 +370,7 @@ fn route(
             policy,
             sandbox.prefix(),
             DNS_RELAY,
+            plumbed.proxy6.as_ref().map(|_| router::SERVICE6),
             &plumbed.sources(sandbox),
         ) {
             plumbed.install_egress(&rules)?;
@@ -394,12 +395,25 @@ fn route(
             .proxy
             .take()
             .ok_or_else(|| EgressError::Lost("the router", "the proxy's listener".into()))?;
+        let dns6 = match &plumbed.proxy6 {
+            Some(_) if policy.has_names() => {
+                let at = SocketAddr::new(IpAddr::V6(router::SERVICE6), 53);
+                Some(UdpSocket::bind(at).map_err(io(format!("bind {at}")))?)
+            }
+            _ => None,
+        };
         let daemon = router::EgressDaemon {
             policy: &policy.to_string(),
             id,
             audit,
             dns,
             proxy,
+            proxy6: plumbed.proxy6.take(),
+            dns6,
+            source6: plumbed.source6,
+            // The workload's namespace asks the router for its IPv6
+            // neighbours as a guest does: the daemon answers.
+            ndp: std::mem::take(&mut plumbed.ndp),
             run_dir: dir,
             life: DaemonLife::While(pidfd.as_fd()),
             workload_dns,

@@ -37,8 +37,16 @@ pub const WATCH_FD: i32 = 5;
 pub const WORKLOAD_DNS_FD: i32 = 6;
 /// Queries to the workload namespace's resolver at once.
 pub const POOL_SIZE: i32 = 8;
+/// The proxy's IPv6 listener (`--proxy6`) and the resolver's IPv6 socket
+/// (`--dns6`), on the service address's IPv6 twin.
+pub const PROXY6_FD: i32 = WORKLOAD_DNS_FD + 1 + POOL_SIZE;
+pub const DNS6_FD: i32 = PROXY6_FD + 1;
+/// Packet sockets on the sandbox's interfaces with IPv6, one per `--ndp`,
+/// on which the daemon answers neighbour solicitations (container tier).
+pub const NDP_FD: i32 = DNS6_FD + 1;
+pub const MAX_NDP: i32 = 8;
 /// The first descriptor the daemon does not inherit.
-pub const FIRST_UNUSED_FD: i32 = WORKLOAD_DNS_FD + 1 + POOL_SIZE;
+pub const FIRST_UNUSED_FD: i32 = NDP_FD + MAX_NDP;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -66,6 +74,11 @@ pub struct Options {
     pub upstream: Option<SocketAddr>,
     pub dns: Option<UdpSocket>,
     pub proxy: TcpListener,
+    /// The IPv6 twins of `proxy` and `dns`.
+    pub proxy6: Option<TcpListener>,
+    pub dns6: Option<UdpSocket>,
+    /// Neighbour answers to serve on the sandbox's interfaces.
+    pub ndp: Vec<crate::ndp::NdpProxy>,
     /// The namespace's service addresses (never a destination).
     pub own: Vec<IpAddr>,
     pub add: AddElements,
@@ -139,10 +152,15 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
             })
             .map_err(DaemonError::Thread)?;
     }
+    for n in opts.ndp {
+        n.spawn();
+    }
     let has_dns = opts.dns.is_some();
     let resolvers = [
         opts.dns
             .map(|d| (d, opts.upstream.map(Upstream::At), "egress-dns")),
+        opts.dns6
+            .map(|d| (d, opts.upstream.map(Upstream::At), "egress-dns6")),
         opts.workload_dns
             .map(|(d, pool)| (d, Some(Upstream::Pool(pool)), "egress-dns-in")),
     ];
@@ -181,15 +199,22 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
         own: opts.own,
         dns: dns_over_tcp,
     });
-    let listener = opts.proxy;
-    std::thread::Builder::new()
-        .name("egress-proxy".into())
-        .spawn(move || {
-            if let Err(e) = proxy.serve(listener) {
-                let _ = done_tx.send(Some(DaemonError::Proxy(e)));
-            }
-        })
-        .map_err(DaemonError::Thread)?;
+    for (listener, name) in [
+        (Some(opts.proxy), "egress-proxy"),
+        (opts.proxy6, "egress-proxy6"),
+    ] {
+        let Some(listener) = listener else { continue };
+        let (proxy, done) = (proxy.clone(), done_tx.clone());
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                if let Err(e) = proxy.serve(listener) {
+                    let _ = done.send(Some(DaemonError::Proxy(e)));
+                }
+            })
+            .map_err(DaemonError::Thread)?;
+    }
+    drop(done_tx);
     match done_rx.recv() {
         Ok(Some(e)) => Err(e),
         // Told to end: the flows still open are written first.

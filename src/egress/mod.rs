@@ -23,7 +23,7 @@
 //! guest's NIC ([`ruleset`]).
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 pub mod conntrack;
@@ -33,6 +33,7 @@ pub mod nflog;
 pub mod nft;
 pub mod proxy;
 pub mod resolver;
+pub mod sock;
 pub mod trail;
 
 /// OCI annotation carrying a container's policy.
@@ -498,7 +499,10 @@ pub struct Source {
 }
 
 /// The chains dropping (and logging) what comes from a sandbox interface
-/// with a source MAC or IPv4 address that is not the sandbox's.
+/// with a source MAC or address that is not the sandbox's. IPv6 may also
+/// come from a link-local address (neighbour discovery, which only the
+/// namespace sees: link-local sources are never forwarded) or from none
+/// (duplicate address detection).
 fn anti_spoof(sources: &[Source]) -> String {
     if sources.is_empty() {
         return String::new();
@@ -522,6 +526,18 @@ fn anti_spoof(sources: &[Source]) -> String {
                 v4.join(", ")
             );
         }
+        let v6: Vec<String> = s
+            .addrs
+            .iter()
+            .filter(|a| a.is_ipv6())
+            .map(|a| a.to_string())
+            .chain(["fe80::/10".to_string(), "::".to_string()])
+            .collect();
+        rules += &format!(
+            "    iifname \"{}\" meta nfproto ipv6 ip6 saddr != {{ {} }} jump spoofed\n",
+            s.side,
+            v6.join(", ")
+        );
     }
     format!(
         "  chain spoof {{\n\
@@ -549,8 +565,12 @@ fn anti_spoof(sources: &[Source]) -> String {
 ///   new flow they allow, and every denied packet (within a rate), is
 ///   logged to the daemon (`nflog.rs`).
 /// - Replies to connections made from outside pass (published ports).
-/// - A packet from a sandbox interface whose source MAC or IPv4 address is
-///   not in `sources` is dropped before anything else sees it, and logged.
+/// - A packet from a sandbox interface whose source MAC or address is not
+///   in `sources` is dropped before anything else sees it, and logged.
+/// - IPv6 goes the same ways to `service6`, where the proxy and resolver
+///   also listen, when the sandbox has IPv6 (else its interfaces have
+///   IPv6 off). ICMPv6 to the namespace itself is neighbour discovery,
+///   echo and errors only.
 /// - The daemon's own connections leave from the container's address,
 ///   which the namespace routes to the sandbox: they are marked, and their
 ///   replies are delivered locally (see `LOCAL_MARK`).
@@ -558,6 +578,7 @@ pub fn ruleset(
     policy: &Policy,
     side_prefix: &str,
     service: Ipv4Addr,
+    service6: Option<Ipv6Addr>,
     sources: &[Source],
 ) -> Option<String> {
     let rules = match policy {
@@ -599,7 +620,7 @@ pub fn ruleset(
             }
         }
     }
-    let (dns_nat, dns_in) = if policy.has_names() {
+    let (mut dns_nat, mut dns_in) = if policy.has_names() {
         (
             format!(
                 "    iifname \"{side_prefix}*\" meta nfproto ipv4 udp dport 53 dnat ip to {service}:53\n"
@@ -609,6 +630,22 @@ pub fn ruleset(
     } else {
         (String::new(), String::new())
     };
+    let mut tcp_nat = format!(
+        "    iifname \"{side_prefix}*\" meta nfproto ipv4 meta l4proto tcp dnat ip to {service}:{port_of}\n"
+    );
+    let mut to_proxy = format!("    ip daddr {service} tcp dport {port_of} accept\n");
+    if let Some(s6) = service6 {
+        if policy.has_names() {
+            dns_nat += &format!(
+                "    iifname \"{side_prefix}*\" meta nfproto ipv6 udp dport 53 dnat ip6 to [{s6}]:53\n"
+            );
+            dns_in += &format!("    ip6 daddr {s6} udp dport 53 accept\n");
+        }
+        tcp_nat += &format!(
+            "    iifname \"{side_prefix}*\" meta nfproto ipv6 meta l4proto tcp dnat ip6 to [{s6}]:{port_of}\n"
+        );
+        to_proxy += &format!("    ip6 daddr {s6} tcp dport {port_of} accept\n");
+    }
     let spoof = anti_spoof(sources);
     let deny_log = format!(
         "    limit rate 200/second burst 100 packets log prefix \"{}\" group {group}\n",
@@ -636,9 +673,10 @@ pub fn ruleset(
          \x20 }}\n\
          \x20 chain from_sandbox {{\n\
          \x20   ct state established,related accept\n\
-         \x20   meta l4proto {{ icmp, ipv6-icmp }} accept\n\
+         \x20   meta l4proto icmp accept\n\
+         \x20   icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, echo-request, destination-unreachable, packet-too-big, time-exceeded, parameter-problem }} accept\n\
          {dns_in}\
-         \x20   ip daddr {service} tcp dport {port_of} accept\n\
+         {to_proxy}\
          \x20   counter name denied\n\
          {deny_log}\
          \x20   drop\n\
@@ -646,7 +684,7 @@ pub fn ruleset(
          \x20 chain to_daemon {{\n\
          \x20   type nat hook prerouting priority dstnat; policy accept;\n\
          {dns_nat}\
-         \x20   iifname \"{side_prefix}*\" meta nfproto ipv4 meta l4proto tcp dnat ip to {service}:{port_of}\n\
+         {tcp_nat}\
          \x20 }}\n\
          \x20 chain own_out {{\n\
          \x20   type filter hook output priority mangle; policy accept;\n\
@@ -826,9 +864,22 @@ mod tests {
             &p("10.0.0.0/8,pypi.org:443,*.ntp.example:123/udp"),
             "avtap",
             svc,
+            Some("fd61:7676:6d00::53".parse().unwrap()),
             &[],
         )
         .unwrap();
+        assert!(
+            r.contains("meta nfproto ipv6 udp dport 53 dnat ip6 to [fd61:7676:6d00::53]:53"),
+            "{r}"
+        );
+        assert!(
+            r.contains("meta nfproto ipv6 meta l4proto tcp dnat ip6 to [fd61:7676:6d00::53]:15001"),
+            "{r}"
+        );
+        assert!(
+            r.contains("ip6 daddr fd61:7676:6d00::53 tcp dport 15001 accept"),
+            "{r}"
+        );
         // TCP names are the proxy's: no sets for them.
         assert!(!r.contains("r1_v4"), "{r}");
         assert!(
@@ -848,7 +899,7 @@ mod tests {
             r.contains("meta l4proto tcp dnat ip to 169.254.53.53:15001"),
             "{r}"
         );
-        let no_names = ruleset(&p("10.0.0.0/8"), "avtap", svc, &[]).unwrap();
+        let no_names = ruleset(&p("10.0.0.0/8"), "avtap", svc, None, &[]).unwrap();
         assert!(!no_names.contains("udp dport 53 dnat"), "{no_names}");
         assert!(
             no_names.contains("tcp dnat ip to 169.254.53.53:15001"),
@@ -859,11 +910,12 @@ mod tests {
     #[test]
     fn ruleset_lists_the_allowed_destinations() {
         let svc: Ipv4Addr = "169.254.53.53".parse().unwrap();
-        assert!(ruleset(&Policy::Allow, "avtap", svc, &[]).is_none());
+        assert!(ruleset(&Policy::Allow, "avtap", svc, None, &[]).is_none());
         let r = ruleset(
             &p("10.1.0.0/16,192.0.2.7:53/udp,[2001:db8::1]:443,x.example"),
             "avtap",
             svc,
+            None,
             &[],
         )
         .unwrap();
@@ -887,6 +939,7 @@ mod tests {
             &Policy::Deny,
             "avtap",
             svc,
+            None,
             &[Source {
                 side: "avtap0".into(),
                 mac: "02:42:ac:11:00:02".into(),
@@ -904,6 +957,14 @@ mod tests {
             ),
             "{deny}"
         );
+        assert!(
+            deny.contains(
+                "iifname \"avtap0\" meta nfproto ipv6 ip6 saddr != { fd00::2, fe80::/10, :: } jump spoofed"
+            ),
+            "{deny}"
+        );
+        // Without IPv6 plumbed, nothing of the proxy's listens on IPv6.
+        assert!(!deny.contains("dnat ip6"), "{deny}");
         assert!(
             deny.contains("log prefix \"agentvm spoof\" group 176"),
             "{deny}"

@@ -513,7 +513,13 @@ fn reset(s: TcpStream) {
 
 /// The destination the sandbox asked for.
 fn original_dst(s: &TcpStream) -> io::Result<SocketAddr> {
-    let sa = nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::OriginalDst)?;
+    use nix::sys::socket::{getsockopt, sockopt};
+    if s.local_addr()?.is_ipv6() {
+        let sa = getsockopt(s, sockopt::Ip6tOriginalDst)?;
+        let ip = std::net::Ipv6Addr::from(sa.sin6_addr.s6_addr);
+        return Ok(SocketAddr::new(IpAddr::V6(ip), u16::from_be(sa.sin6_port)));
+    }
+    let sa = getsockopt(s, sockopt::OriginalDst)?;
     let ip = Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr));
     Ok(SocketAddr::new(IpAddr::V4(ip), u16::from_be(sa.sin_port)))
 }
@@ -671,7 +677,7 @@ impl Proxy {
             }
         };
         let rule_text = self.rules.get(rule).map(|r| r.to_string());
-        let upstream = match TcpStream::connect_timeout(&dst, CONNECT_TIMEOUT) {
+        let upstream = match super::sock::connect_tcp(&dst, CONNECT_TIMEOUT) {
             Ok(u) => u,
             Err(e) => {
                 let mut ev = Line::new(dst, name, Verdict::Allowed).reason(format!("connect: {e}"));

@@ -290,16 +290,7 @@ impl Drop for Lent {
 /// A socket connected to `upstream` for one query.
 fn upstream_socket(upstream: &Upstream) -> Option<Box<dyn std::ops::Deref<Target = UdpSocket>>> {
     match upstream {
-        Upstream::At(addr) => {
-            let any: SocketAddr = if addr.is_ipv4() {
-                ([0, 0, 0, 0], 0).into()
-            } else {
-                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-            };
-            let sock = UdpSocket::bind(any).ok()?;
-            sock.connect(addr).ok()?;
-            Some(Box::new(Box::new(sock)))
-        }
+        Upstream::At(addr) => Some(Box::new(Box::new(super::sock::connect_udp(addr).ok()?))),
         Upstream::Pool(pool) => Some(Box::new(pool.take(UPSTREAM_TIMEOUT)?)),
     }
 }
@@ -480,7 +471,7 @@ pub fn serve_tcp(shared: &Shared, mut client: std::net::TcpStream, upstream: Opt
                 let id = u16::from_be_bytes([query[0], query[1]]);
                 let asked = upstream.and_then(|addr| {
                     if up.is_none() {
-                        let s = TcpStream::connect_timeout(&addr, UPSTREAM_TIMEOUT).ok()?;
+                        let s = super::sock::connect_tcp(&addr, UPSTREAM_TIMEOUT).ok()?;
                         s.set_read_timeout(Some(UPSTREAM_TIMEOUT)).ok()?;
                         up = Some(s);
                     }

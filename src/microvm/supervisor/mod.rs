@@ -233,6 +233,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         &egress,
         super::net::TAP_PREFIX,
         super::net::DNS_RELAY,
+        plumbed.proxy6.as_ref().map(|_| super::net::SERVICE6),
         &sources,
     ) {
         plumbed.install_egress(&rules)?;
@@ -256,6 +257,10 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
                 audit: &args.config.audit.path(),
                 dns,
                 proxy,
+                proxy6: plumbed.proxy6.take(),
+                dns6: plumbed.dns6.take(),
+                source6: plumbed.source6,
+                ndp: Vec::new(),
                 run_dir: dir,
                 life: super::net::DaemonLife::WithParent(end_read.as_fd()),
                 workload_dns: None,
