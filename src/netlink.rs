@@ -43,6 +43,11 @@ pub enum NetlinkError {
     },
     #[error("netlink {what}: malformed reply: {detail}")]
     Malformed { what: &'static str, detail: String },
+    #[error("cannot set net.{path}: {source}")]
+    Sysctl {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, NetlinkError>;
@@ -559,6 +564,19 @@ pub fn configure_interface(
 ) -> Result<()> {
     let rename = (link.name != iface.name).then_some(iface.name.as_str());
     nl.set_link(link.index, rename, None, Some(iface.mtu), true)?;
+    // A link made in, or moved into, a namespace takes that namespace's
+    // default IPv6 settings: Docker's namespaces disable IPv6 by default
+    // and enable it on the interfaces that have it, and the kernel refuses
+    // an IPv6 address on a link where it is off (EACCES).
+    if iface.addresses.iter().any(|a| a.addr.is_ipv6()) {
+        let path = format!("ipv6/conf/{}/disable_ipv6", iface.name);
+        if read_sysctl(&path).is_ok_and(|v| v == "1") {
+            sysctl(&path, "0").map_err(|source| NetlinkError::Sysctl {
+                path: path.clone(),
+                source,
+            })?;
+        }
+    }
     for a in &iface.addresses {
         nl.add_address(link.index, a.addr, a.prefix)?;
     }

@@ -507,6 +507,73 @@ fn a_policy_by_name_reaches_only_that_container() {
     }
 }
 
+/// The same policy (`web:80`) on a dual-stack network, over IPv6: the
+/// sandbox resolves `web`'s AAAA through Docker's embedded DNS and reaches
+/// it at that address; another container's IPv6 address, never resolved
+/// from an allowed name, is refused — in both tiers.
+#[test]
+fn a_policy_by_name_holds_over_ipv6() {
+    let base = require!(docker());
+    let net = Network::create(
+        base,
+        "egress-v6",
+        &[
+            "--ipv6",
+            "--subnet",
+            "172.31.232.0/24",
+            "--subnet",
+            "fd00:db8:232::/64",
+        ],
+    );
+    let runc = docker_with(Runtime::Peer("runc".into())).expect("docker");
+    let six = format!(
+        "{{{{(index .NetworkSettings.Networks \"{}\").GlobalIPv6Address}}}}",
+        net.name
+    );
+    let web = runc.start(
+        "web",
+        &["--network", &net.name, "--network-alias", "web"],
+        &["sh", "-c", HTTPD],
+    );
+    web.wait_for_log("serving");
+    let other = runc.start("other", &["--network", &net.name], &["sh", "-c", HTTPD]);
+    other.wait_for_log("serving");
+    let (web6, other6) = (web.inspect(&six), other.inspect(&six));
+    assert!(
+        web6.contains(':') && other6.contains(':'),
+        "{web6:?} {other6:?}"
+    );
+    for (_, sandbox) in policy_runtimes("only-web") {
+        eprintln!("-- {}", sandbox.runtime.docker_name());
+        let out = sandbox
+            .run_rm(
+                &["--network", &net.name],
+                &[
+                    "sh",
+                    "-c",
+                    &format!(
+                        "a=$(nslookup -type=aaaa web 127.0.0.11 | awk '/^Address: / {{print $2}}' | tail -n 1); \
+                         echo \"web6 $a\"; \
+                         timeout -s KILL 10 wget -q -O - \"http://[$a]/index.html\"; \
+                         timeout -s KILL 10 wget -q -O - 'http://[{other6}]/index.html' \
+                           && echo other6-reached || echo other6-refused"
+                    ),
+                ],
+            )
+            .ok();
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        assert_eq!(
+            lines,
+            vec![
+                format!("web6 {web6}").as_str(),
+                "hello-from-the-container",
+                "other6-refused"
+            ],
+            "{out}"
+        );
+    }
+}
+
 /// An unused address in the /24 of `ip` (its last byte + 100, mod 250).
 fn spoof_of(ip: &str) -> String {
     let mut parts: Vec<u32> = ip.split('.').filter_map(|p| p.parse().ok()).collect();

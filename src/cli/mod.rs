@@ -277,7 +277,7 @@ pub fn main() -> ExitCode {
     match dispatch(&cli.global, command) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            let msg = format!("{err:#}");
+            let msg = one_line(&err);
             tracing::error!("{msg}");
             // As runc: a log that is not stderr gets the line, and stderr
             // the bare message.
@@ -287,6 +287,13 @@ pub fn main() -> ExitCode {
             ExitCode::from(failed)
         }
     }
+}
+
+/// The error and its causes as one line, each cause once: many of the
+/// modules' errors show their source in their own message already (and
+/// still give it as their source), which `{:#}` would repeat.
+fn one_line(err: &anyhow::Error) -> String {
+    crate::audit::exec::error_chain(err.as_ref())
 }
 
 /// Runs one command; the result is the process exit code.
@@ -465,4 +472,30 @@ pub fn open(
         None => None,
     };
     Ok((crate::tier::of_container(ctx, id)?, lock))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("netlink add an address: {0}")]
+    struct Inner(#[source] std::io::Error);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("egress policy: {0}")]
+    struct Outer(#[from] Inner);
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = std::io::Error::from_raw_os_error(libc::EACCES);
+        let err = anyhow::Error::from(Outer(Inner(io))).context("cannot create container x");
+        assert_eq!(
+            one_line(&err),
+            "cannot create container x: egress policy: netlink add an address: \
+             Permission denied (os error 13)"
+        );
+        let plain = anyhow::anyhow!("no such container").context("cannot start");
+        assert_eq!(one_line(&plain), "cannot start: no such container");
+    }
 }
