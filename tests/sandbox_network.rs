@@ -306,12 +306,14 @@ fn ipv6_under_a_policy_is_judged_as_ipv4_is() {
               t name6 http://allowed6.test:8000/; \
               t denied-name6 http://denied6.test:8000/; \
               ping6 -c 1 -W 3 PEER6 >/dev/null 2>&1 && echo 'ping6 ok' || echo 'ping6 refused'; \
+              ping6 -c 1 -W 2 -I eth0 PEER_LL >/dev/null 2>&1 && echo 'link-local ok' || echo 'link-local refused'; \
               nslookup -type=aaaa allowed6.test PEER6 >/dev/null 2>&1 && echo 'lookup6 ok' || echo 'lookup6 refused'; \
               nslookup -type=aaaa denied6.test PEER6 >/dev/null 2>&1 && echo 'denied-lookup6 ok' || echo 'denied-lookup6 refused'; \
               ip -6 addr add fd00:231::99/64 dev eth0; sleep 2; ip -6 addr del GUEST6/64 dev eth0; \
               t moved6 'http://[PEER6]:8000/'"
                 .replace("PEER6", PEER6)
-                .replace("GUEST6", GUEST6),
+                .replace("GUEST6", GUEST6)
+                .replace("PEER_LL", &peer_link_local(&ns)),
         );
         let resolv = f.dir.path().join("resolv.conf");
         std::fs::write(&resolv, format!("nameserver {PEER}\n")).expect("resolv.conf");
@@ -339,6 +341,7 @@ fn ipv6_under_a_policy_is_judged_as_ipv4_is() {
             ("name6", "ok"),
             ("denied-name6", "refused"),
             ("ping6", "refused"),
+            ("link-local", "refused"),
             ("lookup6", "ok"),
             ("denied-lookup6", "refused"),
             ("moved6", "refused"),
@@ -940,6 +943,19 @@ fn root_with_net_admin_in_the_container_tier_changes_only_its_own_namespace() {
     }
 }
 
+/// The peer's IPv6 link-local address.
+fn peer_link_local(ns: &Netns) -> String {
+    ip_out(&[
+        "-n", &ns.peer, "-6", "-o", "addr", "show", "dev", "veth0", "scope", "link",
+    ])
+    .split_whitespace()
+    .skip_while(|w| *w != "inet6")
+    .nth(1)
+    .and_then(|a| a.split('/').next())
+    .unwrap_or("fe80::1")
+    .to_string()
+}
+
 /// The audit records of container `id`, from the fixture's audit file.
 fn audit_of(f: &Fixture, id: &str) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(f.dir.path().join("audit.jsonl")).unwrap_or_default();
@@ -1053,15 +1069,7 @@ fn forged_names_and_other_ways_around_the_proxy_fail_and_are_audited() {
         // The peer's IPv6 link-local address, which the guest may try to
         // reach past the IPv4-only plumbing. (The namespace's own is the
         // guest's too: the guest has the container's MAC.)
-        let ns_ll = ip_out(&[
-            "-n", &ns.peer, "-6", "-o", "addr", "show", "dev", "veth0", "scope", "link",
-        ])
-        .split_whitespace()
-        .skip_while(|w| *w != "inet6")
-        .nth(1)
-        .and_then(|a| a.split('/').next())
-        .unwrap_or("fe80::1")
-        .to_string();
+        let ns_ll = peer_link_local(&ns);
         // `t NAME ADDR FILE`: sends FILE to ADDR:8000 (or :53); "ok" when an
         // answer came back through the proxy.
         write_script(
