@@ -76,9 +76,15 @@ fn bundle_arg(f: &Fixture) -> String {
 
 /// Waits until `file` exists in the out directory.
 #[track_caller]
+/// The first non-empty content of `file` in the shared out directory
+/// (`echo x > file` in the guest creates it before it writes to it).
 fn wait_for_file(f: &Fixture, file: &str) -> String {
     let path = out_dir(f).join(file);
-    wait_for(60, || std::fs::read_to_string(&path).ok())
+    wait_for(60, || {
+        std::fs::read_to_string(&path)
+            .ok()
+            .filter(|s| !s.is_empty())
+    })
         .unwrap_or_else(|| panic!("{} never appeared", path.display()))
 }
 
