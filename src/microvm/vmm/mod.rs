@@ -8,6 +8,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 
+pub mod builtin;
 pub mod jail;
 pub mod qemu;
 
