@@ -85,6 +85,11 @@ mod tests {
     }
 
     #[test]
+    fn virtio_chain_bounded() {
+        bounded("virtio_chain", 5000);
+    }
+
+    #[test]
     fn dns_relay_bounded() {
         bounded("dns_relay", 5000);
     }

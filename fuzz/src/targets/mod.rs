@@ -15,6 +15,7 @@ pub mod ndp;
 pub mod protocol;
 pub mod spec;
 pub mod values;
+pub mod virtio_chain;
 
 /// One fuzz target.
 pub struct Target {
@@ -71,6 +72,12 @@ pub const TARGETS: &[Target] = &[
         about: "the IPv6 neighbour answers on a microVM's tap: guest frames in, advertisements out",
         generate: ndp::generate,
         run: ndp::run,
+    },
+    Target {
+        name: "virtio_chain",
+        about: "the builtin VMM's descriptor-chain validator and virtio-rng: guest descriptor tables and avail rings",
+        generate: virtio_chain::generate,
+        run: virtio_chain::run,
     },
     Target {
         name: "annotations",

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 
 pub mod builtin;
+pub mod choice;
 pub mod jail;
 pub mod qemu;
 

@@ -123,9 +123,8 @@ impl ValidChain {
                 return Err(ChainError::ZeroLength { index });
             }
             let addr = desc.addr();
-            let inside = addr
-                .checked_add(u64::from(len) - 1)
-                .is_some_and(|_| mem.check_range(addr, len as usize));
+            let inside =
+                addr.checked_add(u64::from(len)).is_some() && mem.check_range(addr, len as usize);
             if !inside {
                 return Err(ChainError::OutsideMemory {
                     index,
@@ -169,6 +168,16 @@ impl ValidChain {
             }
             _ => Ok(self),
         }
+    }
+
+    /// The buffers the device reads, in order.
+    pub fn readable(&self) -> &[Segment] {
+        &self.readable
+    }
+
+    /// The buffers the device writes, in order.
+    pub fn writable(&self) -> &[Segment] {
+        &self.writable
     }
 
     /// Bytes the device may read.
