@@ -385,3 +385,85 @@ fn a_halt_a_crash_and_a_stop_request_end_the_run() {
     assert_eq!(vcpu.run().unwrap(), StopReason::Requested);
     assert!(rec.lock().unwrap().0.is_empty());
 }
+
+/// The [`crate::microvm::vmm::VmConfig`] of a test VM booting `kernel`.
+fn vm_config(kernel: &std::path::Path, vcpus: u32) -> crate::microvm::vmm::VmConfig {
+    crate::microvm::vmm::VmConfig {
+        name: "test".into(),
+        kernel: kernel.to_path_buf(),
+        initramfs: std::path::PathBuf::new(),
+        cmdline: "console=ttyS0 reboot=k".into(),
+        vcpus,
+        memory_mib: 32,
+        share_dir: std::path::PathBuf::new(),
+        control_socket: std::path::PathBuf::new(),
+        console_log: std::path::PathBuf::new(),
+        run_dir: std::path::PathBuf::new(),
+        kvm: true,
+        nics: Vec::new(),
+        vmm_user: crate::microvm::vmm::jail::Identity { uid: 0, gid: 0 },
+    }
+}
+
+/// "ok\n" to COM1, then reset.
+fn serial_program() -> Asm {
+    let mut code = Asm::default();
+    code.bytes(&[0x66, 0xba, 0xf8, 0x03]); // mov dx, 0x3f8
+    for b in b"ok\n" {
+        code.bytes(&[0xb0, *b, 0xee]); // mov al, b; out dx, al
+    }
+    code.reset();
+    code
+}
+
+#[test]
+fn a_machine_built_from_a_vm_config_runs_until_the_guest_resets_it() {
+    if open_kvm("machine").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = dir.path().join("vmlinux");
+    std::fs::write(&kernel, elf_kernel(&serial_program().0)).unwrap();
+    let console = dir.path().join("console");
+    let options = super::machine::Options {
+        serial: Some(std::fs::File::create(&console).unwrap()),
+        entropy: Some(Box::new(Pattern(0))),
+    };
+    // Two vCPUs: the second waits for a SIPI inside KVM and must be
+    // kicked out when the first stops the VM.
+    let m = super::machine::build(&vm_config(&kernel, 2), options).unwrap();
+    assert_eq!(m.memfd.metadata().unwrap().len(), 32 << 20);
+    assert_eq!(
+        m.cmdline,
+        "console=ttyS0 reboot=k virtio_mmio.device=4K@0xd0000000:5"
+    );
+    assert_eq!(m.vcpus.len(), 2);
+    assert!(m.serial.is_some());
+    let started = std::time::Instant::now();
+    assert_eq!(m.run().unwrap(), StopReason::Reset);
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(std::fs::read(&console).unwrap(), b"ok\n");
+}
+
+#[test]
+fn the_serial_port_is_off_unless_asked_for() {
+    if open_kvm("serial off").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = dir.path().join("vmlinux");
+    std::fs::write(&kernel, elf_kernel(&serial_program().0)).unwrap();
+    let options = super::machine::Options {
+        serial: None,
+        entropy: Some(Box::new(Pattern(0))),
+    };
+    let mut m = super::machine::build(&vm_config(&kernel, 1), options).unwrap();
+    assert!(m.serial.is_none());
+    assert_eq!(m.vcpus[0].run().unwrap(), StopReason::Reset);
+    // The three bytes went nowhere.
+    assert_eq!(m.vm.pio.unhandled(), 3);
+    assert!(matches!(
+        super::machine::build(&vm_config(&kernel, 0), Default::default()),
+        Err(super::machine::MachineError::NoVcpus)
+    ));
+}

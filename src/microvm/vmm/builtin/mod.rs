@@ -15,6 +15,7 @@ pub mod bus;
 pub mod cpu;
 pub mod layout;
 pub mod legacy;
+pub mod machine;
 pub mod memory;
 pub mod vcpu;
 pub mod virtio;

@@ -148,13 +148,18 @@ impl Vm {
             .fd
             .create_vcpu(u64::from(index))
             .map_err(kvm_error("create a vCPU"))?;
-        if let Some(entry) = entry {
+        // Every vCPU of a Linux guest gets CPUID and its LAPIC; only the
+        // first enters the kernel, the others wait for the kernel's
+        // INIT/SIPI inside KVM.
+        if self.irqchip || entry.is_some() {
             cpu::setup_cpuid(&self.kvm, &fd, index)?;
+        }
+        if self.irqchip {
+            cpu::setup_lapic(&fd, index)?;
+        }
+        if let Some(entry) = entry {
             cpu::write_gdt(&self.memory)?;
             cpu::setup_pvh(&fd, index, entry)?;
-            if self.irqchip {
-                cpu::setup_lapic(&fd, index)?;
-            }
         }
         Ok(Vcpu::new(
             index,
