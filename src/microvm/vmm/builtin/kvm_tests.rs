@@ -467,3 +467,40 @@ fn the_serial_port_is_off_unless_asked_for() {
         Err(super::machine::MachineError::NoVcpus)
     ));
 }
+
+/// The guest kernel `make install` puts in place, or `AGENTVM_KERNEL`.
+fn guest_kernel() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("AGENTVM_KERNEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| crate::microvm::host::DEFAULT_KERNEL.into());
+    path.is_file().then_some(path)
+}
+
+#[test]
+fn the_guest_kernel_loads_with_a_pvh_entry_point() {
+    let Some(kernel) = guest_kernel() else {
+        println!(
+            "skipped: no guest kernel at {} (make kernel && make install, or AGENTVM_KERNEL)",
+            crate::microvm::host::DEFAULT_KERNEL
+        );
+        return;
+    };
+    // Loading only: a Linux guest does not boot on kvm_pvm, and this
+    // test needs no /dev/kvm.
+    let mem = memory::create(256).unwrap();
+    let cmdline = boot::cmdline("console=ttyS0 reboot=k").unwrap();
+    let entry = boot::load(&mem.guest, &kernel, None, &cmdline).unwrap();
+    let pvh = entry.pvh_entry.0;
+    assert!(
+        (layout::HIMEM_START..1 << 32).contains(&pvh),
+        "PVH entry {pvh:#x} is not a 32-bit address above 1 MiB"
+    );
+    let magic: u32 = mem.guest.read_obj(entry.start_info).unwrap();
+    assert_eq!(magic, boot::START_MAGIC);
+    let mut text = [0u8; 13];
+    mem.guest
+        .read_slice(&mut text, GuestAddress(layout::CMDLINE))
+        .unwrap();
+    assert_eq!(&text, b"console=ttyS0");
+    println!("{}: PVH entry at {pvh:#x}", kernel.display());
+}
