@@ -504,3 +504,122 @@ fn the_guest_kernel_loads_with_a_pvh_entry_point() {
     assert_eq!(&text, b"console=ttyS0");
     println!("{}: PVH entry at {pvh:#x}", kernel.display());
 }
+
+/// Runs `vcpu` on a thread for at most `limit`; past it the VM is asked to
+/// stop and the vCPU kicked out of `KVM_RUN`, and `None` returned.
+fn run_with_limit(vm: &Vm, mut vcpu: Vcpu, limit: std::time::Duration) -> Option<StopReason> {
+    use vmm_sys_util::signal::Killable;
+    super::machine::install_kick().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let _ = tx.send(vcpu.run());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(r) => {
+            thread.join().unwrap();
+            Some(r.unwrap())
+        }
+        Err(_) => {
+            vm.stop.request(StopReason::Requested);
+            while !thread.is_finished() {
+                let _ = thread.kill(super::machine::kick_signal());
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            None
+        }
+    }
+}
+
+#[test]
+fn a_device_interrupt_reaches_the_guest_through_the_io_apic() {
+    let Some(kvm) = open_kvm("interrupt") else {
+        return;
+    };
+    let (mut vm, rec) = machine(kvm, true);
+    let rng = Arc::new(Mutex::new(Rng::new(Box::new(Pattern(0))).unwrap()));
+    vm.add_virtio(0, rng.clone()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let events = {
+        let rng = rng.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut events: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
+                EventManager::new().unwrap();
+            events.add_subscriber(rng);
+            while !stop.load(Ordering::SeqCst) {
+                events.run_with_timeout(50).unwrap();
+            }
+        })
+    };
+    let mut q = GuestQueue::new(&vm.memory, GuestAddress(0x20_0000), 16).unwrap();
+    q.set_chain(0, &[(0x30_0000, 8, DESC_F_WRITE)]).unwrap();
+    q.offer(0).unwrap();
+
+    const VECTOR: u32 = 0x30;
+    const IOAPIC: u64 = 0xfec0_0000;
+    const LAPIC: u64 = 0xfee0_0000;
+    const IRQ: u32 = layout::FIRST_VIRTIO_IRQ;
+    let base = layout::MMIO_START;
+    let s = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+    let mut code = Asm::default();
+    // The PIC masked; the local APIC on; IO-APIC pin 5 to VECTOR, CPU 0.
+    code.bytes(&[0xb0, 0xff, 0xe6, 0x21, 0xe6, 0xa1]);
+    code.store(LAPIC + 0xf0, 0x1ff);
+    code.store(IOAPIC, 0x10 + 2 * IRQ)
+        .store(IOAPIC + 0x10, VECTOR);
+    code.store(IOAPIC, 0x11 + 2 * IRQ).store(IOAPIC + 0x10, 0);
+    // virtio-rng up, queue 0 notified.
+    code.store(base + reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
+    code.store(base + reg::DRIVER_FEATURES_SEL, 1);
+    code.store(base + reg::DRIVER_FEATURES, 1);
+    code.store(base + reg::STATUS, s);
+    code.store(base + reg::QUEUE_NUM, 16);
+    code.store(base + reg::QUEUE_DESC_LOW, q.desc.0 as u32);
+    code.store(base + reg::QUEUE_DRIVER_LOW, q.avail.0 as u32);
+    code.store(base + reg::QUEUE_DEVICE_LOW, q.used.0 as u32);
+    code.store(base + reg::QUEUE_READY, 1);
+    code.store(base + reg::STATUS, s | status::DRIVER_OK);
+    code.store(base + reg::QUEUE_NOTIFY, 0);
+    // Wait for the interrupt: sti; hlt; jmp back to the hlt.
+    code.bytes(&[0xfb, 0xf4, 0xeb, 0xfd]);
+    // The handler: report the vector and the status, ack, EOI, reset.
+    let handler = CODE + code.here() as u64;
+    code.bytes(&[0xb8]).imm(VECTOR).report();
+    code.load(base + reg::INTERRUPT_STATUS).report();
+    code.store(base + reg::INTERRUPT_ACK, INT_VRING);
+    code.store(LAPIC + 0xb0, 0);
+    code.reset();
+    // The IDT (one gate, at VECTOR) and a stack, set up by the test.
+    const IDT: u64 = 0x8000;
+    let gate_low = (u32::from(super::cpu::CODE_SELECTOR) << 16) | (handler as u32 & 0xffff);
+    let gate_high = (handler as u32 & 0xffff_0000) | 0x8e00;
+    let at = GuestAddress(IDT + 8 * u64::from(VECTOR));
+    vm.memory.write_obj(gate_low, at).unwrap();
+    vm.memory
+        .write_obj(gate_high, GuestAddress(at.0 + 4))
+        .unwrap();
+    let vcpu = vcpu_at(&vm, &code);
+    let mut sregs = vcpu.fd.get_sregs().unwrap();
+    sregs.idt.base = IDT;
+    sregs.idt.limit = (8 * (VECTOR + 1) - 1) as u16;
+    vcpu.fd.set_sregs(&sregs).unwrap();
+    let mut regs = vcpu.fd.get_regs().unwrap();
+    regs.rsp = 0x5000;
+    vcpu.fd.set_regs(&regs).unwrap();
+
+    let stopped = run_with_limit(&vm, vcpu, std::time::Duration::from_secs(30));
+    stop.store(true, Ordering::SeqCst);
+    events.join().unwrap();
+    assert_eq!(
+        q.used_elem(0).unwrap(),
+        (0, 8),
+        "the device served the queue"
+    );
+    assert_eq!(
+        stopped,
+        Some(StopReason::Reset),
+        "the guest was not interrupted within 30 s (reported {:x?})",
+        rec.lock().unwrap().0
+    );
+    assert_eq!(rec.lock().unwrap().0, vec![VECTOR, INT_VRING]);
+}

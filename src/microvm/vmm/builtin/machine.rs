@@ -143,16 +143,21 @@ type VcpuThread = (JoinHandle<Result<StopReason, VcpuError>>, Arc<AtomicBool>);
 /// The signal that kicks a vCPU thread out of `KVM_RUN`; its handler does
 /// nothing (the interrupted ioctl returns `EINTR`, and the run loop looks
 /// at the stop signal).
-fn kick_signal() -> i32 {
+pub(crate) fn kick_signal() -> i32 {
     SIGRTMIN()
 }
 
 extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
 
+/// Installs the kick signal's handler (process-wide, idempotent).
+pub(crate) fn install_kick() -> Result<(), MachineError> {
+    register_signal_handler(kick_signal(), on_kick).map_err(MachineError::Signal)
+}
+
 impl Machine {
     /// Runs the VM until the guest stops it (or a vCPU fails); returns why.
     pub fn run(self) -> Result<StopReason, MachineError> {
-        register_signal_handler(kick_signal(), on_kick).map_err(MachineError::Signal)?;
+        install_kick()?;
         let Machine { vm, vcpus, rng, .. } = self;
         let devices_done = Arc::new(AtomicBool::new(false));
         let events = {
