@@ -623,3 +623,115 @@ fn a_device_interrupt_reaches_the_guest_through_the_io_apic() {
     );
     assert_eq!(rec.lock().unwrap().0, vec![VECTOR, INT_VRING]);
 }
+
+/// Page tables at 0x9000 mapping the first 4 GiB one to one with 2 MiB
+/// pages, user-accessible when `user`.
+fn identity_map(vm: &Vm, user: bool) -> u64 {
+    let u = if user { 4 } else { 0 };
+    let w = |a: u64, v: u64| vm.memory.write_obj(v, GuestAddress(a)).unwrap();
+    w(0x9000, 0xa000 | 3 | u);
+    for i in 0..4u64 {
+        w(0xa000 + 8 * i, (0xb000 + 0x1000 * i) | 3 | u);
+    }
+    for i in 0..2048u64 {
+        w(0xb000 + 8 * i, (i << 21) | 0x83 | u);
+    }
+    0x9000
+}
+
+/// Sets vCPU `vcpu` up for 64-bit long mode at privilege level `cpl`
+/// (0 or 3), entering `rip`; at CPL 3 with IOPL 3, so ports are allowed.
+fn long_mode(vm: &Vm, vcpu: &Vcpu, cpl: u8, rip: u64) {
+    let cr3 = identity_map(vm, cpl == 3);
+    let mut sregs = vcpu.fd.get_sregs().unwrap();
+    let seg = |selector: u16, type_: u8, l: u8, db: u8| kvm_bindings::kvm_segment {
+        base: 0,
+        limit: 0xffff_ffff,
+        selector: selector | u16::from(cpl),
+        type_,
+        present: 1,
+        dpl: cpl,
+        db,
+        s: 1,
+        l,
+        g: 1,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    };
+    sregs.cs = seg(0x08, 0xb, 1, 0);
+    let data = seg(0x10, 0x3, 0, 1);
+    (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
+    sregs.cr3 = cr3;
+    sregs.cr4 = 1 << 5; // PAE
+    sregs.efer = (1 << 8) | (1 << 10); // LME, LMA
+    sregs.cr0 = 1 | (1 << 31); // PE, PG
+    vcpu.fd.set_sregs(&sregs).unwrap();
+    let mut regs = vcpu.fd.get_regs().unwrap();
+    regs.rip = rip;
+    regs.rflags = if cpl == 3 { 0x3002 } else { 2 };
+    vcpu.fd.set_regs(&regs).unwrap();
+}
+
+/// What kvm_pvm runs, as tests (docs/builtin-vmm.md, "What kvm_pvm
+/// runs"): real mode, 64-bit long mode at CPL 0 and at CPL 3, each with
+/// the exits the VMM relies on.
+#[test]
+fn guest_code_runs_in_real_mode_and_in_long_mode_at_cpl_0_and_3() {
+    let Some(kvm) = open_kvm("cpu modes") else {
+        return;
+    };
+    // Real mode: mov al, 1; out REPORT, al; hlt.
+    let (vm, rec) = machine(kvm, false);
+    vm.memory
+        .write_slice(&[0xb0, 1, 0xe6, REPORT, 0xf4], GuestAddress(0x1000))
+        .unwrap();
+    let mut vcpu = vm.create_vcpu(0, None).unwrap();
+    let mut sregs = vcpu.fd.get_sregs().unwrap();
+    sregs.cs.base = 0;
+    sregs.cs.selector = 0;
+    vcpu.fd.set_sregs(&sregs).unwrap();
+    let mut regs = vcpu.fd.get_regs().unwrap();
+    (regs.rip, regs.rflags) = (0x1000, 2);
+    vcpu.fd.set_regs(&regs).unwrap();
+    assert_eq!(vcpu.run().unwrap(), StopReason::Halted);
+    assert_eq!(rec.lock().unwrap().0, vec![1]);
+
+    // Long mode: mov eax, MMIO; mov dword [rax], cpl; mov al, cpl;
+    // out REPORT, al; mov ecx, 10M; dec ecx; jnz; hlt. At CPL 3 the hlt
+    // faults, and with no IDT that is a triple fault.
+    for cpl in [0u8, 3] {
+        let Some(kvm) = open_kvm("long mode") else {
+            return;
+        };
+        let (vm, rec) = machine(kvm, false);
+        let mmio = Arc::new(Mutex::new(Recorder::default()));
+        vm.mmio
+            .insert(mmio.clone(), layout::MMIO_START, 0x1000)
+            .unwrap();
+        let loops: u32 = if cpl == 3 { 10_000_000 } else { 1000 };
+        let mut code = Asm::default();
+        code.bytes(&[0xb8]).imm(layout::MMIO_START as u32);
+        code.bytes(&[0xc7, 0x00]).imm(u32::from(cpl));
+        code.bytes(&[0xb0, cpl, 0xe6, REPORT]);
+        code.bytes(&[0xb9]).imm(loops);
+        code.bytes(&[0xff, 0xc9, 0x75, 0xfc, 0xf4]);
+        vm.memory.write_slice(&code.0, GuestAddress(CODE)).unwrap();
+        let mut vcpu = vm.create_vcpu(0, None).unwrap();
+        long_mode(&vm, &vcpu, cpl, CODE);
+        let started = std::time::Instant::now();
+        let stopped = vcpu.run().unwrap();
+        println!(
+            "long mode, CPL {cpl}: {loops} loop iterations and the exits in {:?}",
+            started.elapsed()
+        );
+        let want = if cpl == 3 {
+            StopReason::Shutdown
+        } else {
+            StopReason::Halted
+        };
+        assert_eq!(stopped, want, "CPL {cpl}");
+        assert_eq!(rec.lock().unwrap().0, vec![u32::from(cpl)], "CPL {cpl}");
+        assert_eq!(mmio.lock().unwrap().0, vec![u32::from(cpl)], "CPL {cpl}");
+    }
+}
