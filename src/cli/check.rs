@@ -66,3 +66,27 @@ fn vmm_line(config: &Config) -> (String, bool) {
         Err(e) => (format!("vmm backend: none: {e}\n"), false),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vmm_line_says_which_backend_and_fails_for_an_incomplete_builtin() {
+        let qemu = Config::parse("[microvm]\nvmm = \"qemu\"\n").unwrap();
+        let (text, ok) = vmm_line(&qemu);
+        assert!(ok);
+        assert!(
+            text.starts_with("vmm backend: qemu (vmm = \"qemu\" (from config file)"),
+            "{text}"
+        );
+        assert!(text.contains("builtin VMM: not complete, lacks"), "{text}");
+        let (text, ok) = vmm_line(&Config::default());
+        assert!(ok, "{text}");
+        assert!(text.contains("requested auto from default"), "{text}");
+        let builtin = Config::parse("[microvm]\nvmm = \"builtin\"\n").unwrap();
+        let (text, ok) = vmm_line(&builtin);
+        assert!(!ok);
+        assert!(text.contains("cannot run containers yet"), "{text}");
+    }
+}
