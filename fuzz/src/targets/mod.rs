@@ -16,6 +16,7 @@ pub mod protocol;
 pub mod spec;
 pub mod values;
 pub mod virtio_chain;
+pub mod virtio_mmio;
 
 /// One fuzz target.
 pub struct Target {
@@ -78,6 +79,12 @@ pub const TARGETS: &[Target] = &[
         about: "the builtin VMM's descriptor-chain validator and virtio-rng: guest descriptor tables and avail rings",
         generate: virtio_chain::generate,
         run: virtio_chain::run,
+    },
+    Target {
+        name: "virtio_mmio",
+        about: "the builtin VMM's virtio-mmio transport: guest register reads and writes of any width",
+        generate: virtio_mmio::generate,
+        run: virtio_mmio::run,
     },
     Target {
         name: "annotations",

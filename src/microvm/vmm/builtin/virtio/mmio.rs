@@ -14,7 +14,7 @@ use crate::microvm::vmm::builtin::bus::BusDevice;
 pub const MAGIC: u32 = 0x7472_6976;
 /// The register layout's version (2 = virtio 1.x, no legacy).
 pub const VERSION: u32 = 2;
-/// Our vendor id: "AVM\0"... any value works; QEMU's is 0x554d4551.
+/// The vendor id: "AVM" in little-endian bytes (drivers do not read it).
 pub const VENDOR: u32 = 0x004d_5641;
 /// Size of one device's window.
 pub const WINDOW: u64 = 0x1000;
@@ -132,12 +132,18 @@ impl MmioTransport {
             self.reset();
             return;
         }
-        // The driver only ever sets bits (virtio 1.x, 3.1.1).
-        if value & self.status != self.status {
+        // The driver only ever sets bits (virtio 1.x, 3.1.1), and only its
+        // own: DEVICE_NEEDS_RESET is the device's (found by the
+        // virtio_mmio fuzz target: a guest could set it on a running
+        // device), and DRIVER_OK after FAILED is refused.
+        let new = value & !self.status;
+        if value & self.status != self.status
+            || new & !status::DRIVER_BITS != 0
+            || (new & status::DRIVER_OK != 0 && value & status::FAILED != 0)
+        {
             self.ignored += 1;
             return;
         }
-        let new = value & !self.status;
         let mut value = value;
         if new & status::FEATURES_OK != 0 && self.driver_features & !self.offered() != 0 {
             // Features we never offered: FEATURES_OK does not stick.

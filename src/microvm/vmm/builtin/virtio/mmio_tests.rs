@@ -140,6 +140,23 @@ fn features_never_offered_keep_features_ok_off() {
 }
 
 #[test]
+fn driver_ok_after_failed_is_refused() {
+    let mut f = fixture();
+    let mem = f.mem.clone();
+    let _q = GuestQueue::new(&mem, QUEUE_AT, 16).unwrap();
+    let s = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+    w(&mut f.t, reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
+    w(&mut f.t, reg::STATUS, s | status::FAILED);
+    w(
+        &mut f.t,
+        reg::STATUS,
+        s | status::FAILED | status::DRIVER_OK,
+    );
+    assert_eq!(r(&mut f.t, reg::STATUS), s | status::FAILED);
+    assert!(!f.rng.lock().unwrap().is_activated());
+}
+
+#[test]
 fn rings_outside_memory_ask_for_a_reset_instead_of_activating() {
     let mut f = fixture();
     let mem = f.mem.clone();
@@ -169,9 +186,14 @@ fn queue_registers_are_frozen_once_running() {
     w(&mut f.t, reg::QUEUE_DESC_LOW, 0xdead_0000);
     w(&mut f.t, reg::QUEUE_NUM, 2);
     assert_eq!(f.t.ignored, ignored + 2);
-    // Clearing a status bit is not something a driver may do.
+    // Clearing a status bit is not something a driver may do, nor
+    // setting the device's own DEVICE_NEEDS_RESET.
     w(&mut f.t, reg::STATUS, status::ACKNOWLEDGE);
     assert_eq!(f.t.ignored, ignored + 3);
+    let running = r(&mut f.t, reg::STATUS);
+    w(&mut f.t, reg::STATUS, running | status::DEVICE_NEEDS_RESET);
+    assert_eq!(r(&mut f.t, reg::STATUS), running);
+    assert_eq!(f.t.ignored, ignored + 4);
     assert!(f.rng.lock().unwrap().is_activated());
 }
 

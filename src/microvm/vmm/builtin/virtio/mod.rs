@@ -28,6 +28,8 @@ pub mod status {
     pub const FEATURES_OK: u32 = 8;
     pub const DEVICE_NEEDS_RESET: u32 = 0x40;
     pub const FAILED: u32 = 0x80;
+    /// The bits a driver may set.
+    pub const DRIVER_BITS: u32 = ACKNOWLEDGE | DRIVER | DRIVER_OK | FEATURES_OK | FAILED;
 }
 
 /// `VIRTIO_MMIO_INT_VRING`: a used ring was updated.
