@@ -199,6 +199,10 @@ pub struct MicrovmConfig {
     /// an identity. The range, [`PID_MAX_LIMIT`] ids long, must belong to
     /// no user and no subordinate-id range of the host.
     pub vmm_uid_base: Option<u32>,
+    /// Which VMM boots the microVMs: `auto` (the default), `builtin` or
+    /// `qemu` (`microvm::vmm::choice`); the `io.agentvm.vmm` annotation
+    /// picks it per container.
+    pub vmm: Option<crate::microvm::vmm::choice::VmmChoice>,
 }
 
 impl MicrovmConfig {
@@ -379,6 +383,26 @@ mod tests {
         let ok = Config::parse("[microvm]\nvmm_uid_base = 300000\n").unwrap();
         assert_eq!(ok.microvm.vmm_uid_base(), 300_000);
         assert_eq!(ok.microvm.boot_timeout(), Duration::from_secs(120));
+    }
+
+    #[test]
+    fn vmm_is_a_microvm_setting_with_three_values() {
+        use crate::microvm::vmm::choice::VmmChoice;
+        for (text, want) in [
+            ("auto", VmmChoice::Auto),
+            ("builtin", VmmChoice::Builtin),
+            ("qemu", VmmChoice::Qemu),
+        ] {
+            let c = Config::parse(&format!("[microvm]\nvmm = \"{text}\"\n")).unwrap();
+            assert_eq!(c.microvm.vmm, Some(want));
+        }
+        assert_eq!(Config::default().microvm.vmm, None);
+        let err = Config::parse("[microvm]\nvmm = \"firecracker\"\n").unwrap_err();
+        assert!(
+            err.contains("firecracker") || err.contains("variant"),
+            "{err}"
+        );
+        assert!(Config::parse("vmm = \"qemu\"\n").is_err());
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! - `dns_relay`: the host-side DNS relay's table, which the guest's
 //!   queries fill;
 //! - `egress_resolver`: the egress policy's resolver, which the sandbox's
-//!   DNS queries and the upstream's answers reach.
+//!   DNS queries and the upstream's answers reach;
+//! - `virtio_chain`, `virtio_mmio`: the builtin VMM's descriptor-chain
+//!   validator with virtio-rng, and its virtio-mmio transport.
 //!
 //! `cargo test` runs each target for a bounded number of cases and replays
 //! `regressions/<target>/*`; the `agentvm-fuzz` binary (`make fuzz`) runs
@@ -82,6 +84,16 @@ mod tests {
     #[test]
     fn annotations_bounded() {
         bounded("annotations", 5000);
+    }
+
+    #[test]
+    fn virtio_chain_bounded() {
+        bounded("virtio_chain", 5000);
+    }
+
+    #[test]
+    fn virtio_mmio_bounded() {
+        bounded("virtio_mmio", 5000);
     }
 
     #[test]

@@ -37,6 +37,56 @@ pub fn run(global: &GlobalOpts, _args: &CheckArgs) -> anyhow::Result<u8> {
             false
         }
     };
+    let (vmm, vmm_ok) = vmm_line(&config);
+    text.push_str(&vmm);
     super::emit(&text)?;
-    Ok(if ok { 0 } else { 1 })
+    Ok(if ok && vmm_ok { 0 } else { 1 })
+}
+
+/// Which VMM backend a container that picks none would get, and why;
+/// false when the configured choice cannot run here.
+fn vmm_line(config: &Config) -> (String, bool) {
+    use crate::microvm::vmm::{builtin, choice};
+    let builtin_state = if builtin::complete() {
+        "complete".to_string()
+    } else {
+        format!("not complete, lacks {}", builtin::MISSING.join(", "))
+    };
+    match choice::for_container(config.microvm.vmm, None) {
+        Ok(d) => (
+            format!(
+                "vmm backend: {} ({}; requested {} from {})\n  builtin VMM: {builtin_state}\n",
+                d.backend.as_str(),
+                d.why,
+                d.requested,
+                d.source
+            ),
+            true,
+        ),
+        Err(e) => (format!("vmm backend: none: {e}\n"), false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vmm_line_says_which_backend_and_fails_for_an_incomplete_builtin() {
+        let qemu = Config::parse("[microvm]\nvmm = \"qemu\"\n").unwrap();
+        let (text, ok) = vmm_line(&qemu);
+        assert!(ok);
+        assert!(
+            text.starts_with("vmm backend: qemu (vmm = \"qemu\" (from config file)"),
+            "{text}"
+        );
+        assert!(text.contains("builtin VMM: not complete, lacks"), "{text}");
+        let (text, ok) = vmm_line(&Config::default());
+        assert!(ok, "{text}");
+        assert!(text.contains("requested auto from default"), "{text}");
+        let builtin = Config::parse("[microvm]\nvmm = \"builtin\"\n").unwrap();
+        let (text, ok) = vmm_line(&builtin);
+        assert!(!ok);
+        assert!(text.contains("cannot run containers yet"), "{text}");
+    }
 }

@@ -124,6 +124,24 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
         ),
         Err(e) => format!("not available on this host: {e}"),
     };
+    let vmm = match crate::microvm::vmm::choice::for_container(config.microvm.vmm, None) {
+        Ok(d) => format!(
+            "{} ({}; requested {} from {})",
+            d.backend.as_str(),
+            d.why,
+            d.requested,
+            d.source
+        ),
+        Err(e) => format!("none: {e}"),
+    };
+    let builtin = if crate::microvm::vmm::builtin::complete() {
+        "complete".to_string()
+    } else {
+        format!(
+            "not complete, refused by create: lacks {}",
+            crate::microvm::vmm::builtin::MISSING.join(", ")
+        )
+    };
     let audit = format!(
         "one JSON line per exec (both tiers) and per connection and DNS answer an egress policy \
          judges, in {} (agentvm audit ID [--follow]; egress counts in events --stats); {}",
@@ -160,6 +178,8 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
             "io.agentvm.isolation.default": format!("{default_tier} (from {source})"),
             "io.agentvm.isolation.container": "available: namespaces, cgroups v1/v2, seccomp, capabilities (youki libcontainer 0.7); egress policy by address and by name (--egress) from a router namespace the workload's sits behind; refused: a policy on the host's network (--network host)",
             "io.agentvm.isolation.microvm": microvm,
+            "io.agentvm.microvm.vmm": vmm,
+            "io.agentvm.microvm.vmm.builtin": builtin,
             "io.agentvm.checkpoint": "not supported",
             "io.agentvm.audit": audit,
             "io.agentvm.microvm.kernel": config.microvm.kernel.as_ref().map_or_else(|| "not configured".to_string(), |k| k.display().to_string()),

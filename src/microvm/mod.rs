@@ -44,6 +44,8 @@ pub enum MicrovmError {
     #[error(transparent)]
     Host(#[from] host::HostError),
     #[error(transparent)]
+    Vmm(#[from] vmm::choice::ChoiceError),
+    #[error(transparent)]
     State(#[from] crate::state::StateError),
     #[error(transparent)]
     Client(#[from] client::ClientError),
@@ -103,7 +105,11 @@ pub struct CreateOptions<'a> {
 /// has created the container (or failed to). The caller holds the root
 /// lock and checked the id is free. On failure nothing is left behind.
 pub fn create(ctx: &Context, id: &str, bundle: &Bundle, opts: CreateOptions) -> Result<()> {
-    // Fail before creating anything when the host cannot run a microVM.
+    // Fail before creating anything when the host cannot run a microVM,
+    // or not with the VMM asked for.
+    let vmm =
+        vmm::choice::for_container(ctx.config.microvm.vmm, bundle.spec.annotations().as_ref())?;
+    tracing::debug!("container {id}: vmm {} ({})", vmm.backend.as_str(), vmm.why);
     host::Host::probe(&ctx.config)?;
     let terminal = bundle
         .spec

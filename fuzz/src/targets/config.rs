@@ -30,6 +30,8 @@ const SEEDS: &[&str] = &[
     "[egress]\npolicy = \"10.0.0.0/8,192.0.2.7:53/udp\"\nlocked = true\n",
     "microvm.default_vcpus = 4\negress.policy = 'deny'\n",
     "# comment\n[microvm] # trailing\nboot_timeout_secs = 30\n",
+    "[microvm]\nvmm = \"builtin\"\n",
+    "microvm.vmm = 'qemu'\n",
     "[audit]\npath = \"/var/log/agentvm/audit.jsonl\"\notlp_endpoint = \"http://127.0.0.1:4318\"\n",
     "audit.otlp_endpoint = \"http://[::1]:4318/otlp/v1/logs\"\n",
 ];
@@ -56,6 +58,10 @@ const DICT: &[&str] = &[
     "default_vcpus",
     "boot_timeout_secs",
     "guest_agent",
+    "vmm",
+    "auto",
+    "builtin",
+    "qemu",
     "policy",
     "locked",
     "microvm.",
@@ -85,6 +91,7 @@ const KEYS: &[&str] = &[
     "microvm.default_vcpus",
     "microvm.boot_timeout_secs",
     "microvm.guest_agent",
+    "microvm.vmm",
     "egress.policy",
     "egress.locked",
     "audit.path",
@@ -221,6 +228,29 @@ fn check(config: &Config) {
         config.egress.policy.as_deref(),
         config.egress.locked,
     );
+
+    // The VMM backend a container that picks none gets, on a host with a
+    // standard KVM and on one without: `auto` and `qemu` always give one,
+    // `builtin` only once the builtin VMM is complete.
+    {
+        use agentvm::microvm::vmm::builtin;
+        use agentvm::microvm::vmm::choice::{decide, requested, HostKvm, VmmChoice};
+        let Ok((choice, source)) = requested(config.microvm.vmm, None) else {
+            panic!("a parsed config's vmm cannot be read");
+        };
+        for host in [
+            HostKvm::from_facts("flags : vmx\n", |m| m == "kvm_intel", true),
+            HostKvm::from_facts("flags : hypervisor\n", |m| m == "kvm_pvm", true),
+        ] {
+            let d = decide(choice, source, &host, builtin::MISSING);
+            match choice {
+                VmmChoice::Auto | VmmChoice::Qemu => assert!(d.is_ok(), "{choice}: {d:?}"),
+                VmmChoice::Builtin => {
+                    assert_eq!(d.is_ok(), builtin::complete() && host.standard().is_ok())
+                }
+            }
+        }
+    }
 
     // The VM of a container that sets no limits.
     let spec = match serde_json::from_str(

@@ -15,6 +15,8 @@ pub mod ndp;
 pub mod protocol;
 pub mod spec;
 pub mod values;
+pub mod virtio_chain;
+pub mod virtio_mmio;
 
 /// One fuzz target.
 pub struct Target {
@@ -71,6 +73,18 @@ pub const TARGETS: &[Target] = &[
         about: "the IPv6 neighbour answers on a microVM's tap: guest frames in, advertisements out",
         generate: ndp::generate,
         run: ndp::run,
+    },
+    Target {
+        name: "virtio_chain",
+        about: "the builtin VMM's descriptor-chain validator and virtio-rng: guest descriptor tables and avail rings",
+        generate: virtio_chain::generate,
+        run: virtio_chain::run,
+    },
+    Target {
+        name: "virtio_mmio",
+        about: "the builtin VMM's virtio-mmio transport: guest register reads and writes of any width",
+        generate: virtio_mmio::generate,
+        run: virtio_mmio::run,
     },
     Target {
         name: "annotations",

@@ -8,6 +8,8 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 
+pub mod builtin;
+pub mod choice;
 pub mod jail;
 pub mod qemu;
 

@@ -1,0 +1,264 @@
+//! A whole VM built from the microvm tier's [`VmConfig`]: memfd memory of
+//! `memory_mib`, the kernel and initramfs with the command line and the
+//! devices' `virtio_mmio.device=` entries, `vcpus` vCPUs, the reset line,
+//! virtio-rng, and the serial port only when asked for. [`Machine::run`]
+//! runs it until the guest stops it: one thread per vCPU and one for the
+//! devices' event loop; the first vCPU to stop stops the others, kicking
+//! them out of `KVM_RUN` with a signal.
+//!
+//! Not yet a [`crate::microvm::vmm::Backend`]: the guest's control
+//! channel, virtio-fs and the network are missing ([`super::MISSING`]).
+
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
+use kvm_ioctls::Kvm;
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+
+use super::boot::{self, BootError};
+use super::legacy::i8042::{self, I8042};
+use super::legacy::serial::{self, SerialPort};
+use super::memory::{self, MemoryError};
+use super::vcpu::{StopReason, Vcpu, VcpuError};
+use super::virtio::rng::{Rng, RngError, Urandom};
+use super::vm::{Vm, VmError};
+use crate::microvm::vmm::VmConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    #[error(transparent)]
+    Rng(#[from] RngError),
+    #[error("cannot open /dev/kvm: {0}")]
+    Kvm(#[source] kvm_ioctls::Error),
+    #[error("cannot set up the serial port: {0}")]
+    Serial(#[source] std::io::Error),
+    #[error("a VM needs at least one vCPU")]
+    NoVcpus,
+    #[error("cannot start the {what} thread: {source}")]
+    Thread {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot set up the signal that stops vCPUs: {0}")]
+    Signal(#[source] vmm_sys_util::errno::Error),
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    #[error("a {0} thread panicked")]
+    Panicked(&'static str),
+}
+
+/// Choices beyond the [`VmConfig`].
+#[derive(Default)]
+pub struct Options {
+    /// Where the guest's serial console goes; `None` (the default) leaves
+    /// the serial port out: each of its bytes would be a VM exit.
+    pub serial: Option<File>,
+    /// The entropy source of virtio-rng; `None` opens `/dev/urandom`.
+    pub entropy: Option<Box<dyn super::virtio::rng::EntropySource>>,
+}
+
+pub struct Machine {
+    pub vm: Vm,
+    /// The memfd behind guest memory.
+    pub memfd: File,
+    pub vcpus: Vec<Vcpu>,
+    pub rng: Arc<Mutex<Rng>>,
+    pub serial: Option<Arc<Mutex<SerialPort<File>>>>,
+    /// The command line the kernel was given.
+    pub cmdline: String,
+}
+
+/// Builds the VM that `config` describes.
+pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineError> {
+    if config.vcpus == 0 {
+        return Err(MachineError::NoVcpus);
+    }
+    let kvm = Kvm::new().map_err(MachineError::Kvm)?;
+    let memory = memory::create(config.memory_mib)?;
+    let mut vm = Vm::new(kvm, memory.guest, true)?;
+    vm.pio
+        .insert(
+            Arc::new(Mutex::new(I8042::new(vm.stop.clone()))),
+            i8042::BASE,
+            i8042::LEN,
+        )
+        .map_err(VmError::from)?;
+    let serial = match options.serial {
+        Some(out) => {
+            let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(MachineError::Serial)?;
+            vm.fd
+                .register_irqfd(&irq, serial::IRQ)
+                .map_err(|e| MachineError::Serial(std::io::Error::from_raw_os_error(e.errno())))?;
+            let port = Arc::new(Mutex::new(SerialPort::new(irq, out)));
+            vm.pio
+                .insert(port.clone(), serial::BASE, serial::LEN)
+                .map_err(VmError::from)?;
+            Some(port)
+        }
+        None => None,
+    };
+    let entropy = match options.entropy {
+        Some(e) => e,
+        None => Box::new(Urandom::open()?),
+    };
+    let rng = Arc::new(Mutex::new(Rng::new(entropy)?));
+    let (entry, _) = vm.add_virtio(0, rng.clone())?;
+    let cmdline = format!("{} {entry}", config.cmdline.trim());
+    let initramfs =
+        (!config.initramfs.as_os_str().is_empty()).then_some(config.initramfs.as_path());
+    let start = boot::load(
+        &vm.memory,
+        &config.kernel,
+        initramfs,
+        &boot::cmdline(&cmdline)?,
+    )?;
+    let vcpus = (0..config.vcpus)
+        .map(|i| vm.create_vcpu(i, (i == 0).then_some(start)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Machine {
+        vm,
+        memfd: memory.memfd,
+        vcpus,
+        rng,
+        serial,
+        cmdline,
+    })
+}
+
+/// A vCPU's thread, and whether its run has returned.
+type VcpuThread = (JoinHandle<Result<StopReason, VcpuError>>, Arc<AtomicBool>);
+
+/// The signal that kicks a vCPU thread out of `KVM_RUN`; its handler does
+/// nothing (the interrupted ioctl returns `EINTR`, and the run loop looks
+/// at the stop signal).
+pub(crate) fn kick_signal() -> i32 {
+    SIGRTMIN()
+}
+
+extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+/// Installs the kick signal's handler (process-wide, idempotent).
+pub(crate) fn install_kick() -> Result<(), MachineError> {
+    register_signal_handler(kick_signal(), on_kick).map_err(MachineError::Signal)
+}
+
+impl Machine {
+    /// Runs the VM until the guest stops it (or a vCPU fails); returns why.
+    pub fn run(self) -> Result<StopReason, MachineError> {
+        install_kick()?;
+        let Machine { vm, vcpus, rng, .. } = self;
+        let devices_done = Arc::new(AtomicBool::new(false));
+        let events = {
+            let done = devices_done.clone();
+            std::thread::Builder::new()
+                .name("vmm-devices".into())
+                .spawn(move || -> Result<(), MachineError> {
+                    let mut events: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
+                        EventManager::new().map_err(|e| MachineError::Thread {
+                            what: "device event loop",
+                            source: std::io::Error::other(format!("{e:?}")),
+                        })?;
+                    events.add_subscriber(rng);
+                    while !done.load(Ordering::SeqCst) {
+                        let _ = events.run_with_timeout(100);
+                    }
+                    Ok(())
+                })
+                .map_err(|source| MachineError::Thread {
+                    what: "device event loop",
+                    source,
+                })?
+        };
+        let mut threads: Vec<VcpuThread> = Vec::new();
+        for mut vcpu in vcpus {
+            let stop = vm.stop.clone();
+            let finished = Arc::new(AtomicBool::new(false));
+            let done = finished.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("vcpu{}", vcpu.index))
+                .spawn(move || {
+                    let result = vcpu.run();
+                    // The first vCPU to stop stops the VM.
+                    stop.request(match &result {
+                        Ok(why) => *why,
+                        Err(_) => StopReason::Requested,
+                    });
+                    done.store(true, Ordering::SeqCst);
+                    result
+                });
+            match spawned {
+                Ok(handle) => threads.push((handle, finished)),
+                Err(source) => {
+                    vm.stop.request(StopReason::Requested);
+                    kick_all(&threads);
+                    return Err(MachineError::Thread {
+                        what: "vCPU",
+                        source,
+                    });
+                }
+            }
+        }
+        // Wait for the first stop, then kick every vCPU still in KVM_RUN
+        // until all have returned (a kick that lands just before KVM_RUN
+        // is lost, so it is repeated).
+        while vm.stop.requested().is_none() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        kick_all(&threads);
+        let mut first_error = None;
+        for (handle, _) in threads {
+            match handle.join() {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(MachineError::Vcpu(e));
+                }
+                Err(_) => {
+                    first_error.get_or_insert(MachineError::Panicked("vCPU"));
+                }
+            }
+        }
+        devices_done.store(true, Ordering::SeqCst);
+        match events.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(_) => {
+                first_error.get_or_insert(MachineError::Panicked("device event loop"));
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        Ok(vm.stop.requested().unwrap_or(StopReason::Requested))
+    }
+}
+
+/// Kicks each vCPU thread that has not finished, until all have.
+fn kick_all<T>(threads: &[(JoinHandle<T>, Arc<AtomicBool>)]) {
+    loop {
+        let mut running = false;
+        for (handle, finished) in threads {
+            if !finished.load(Ordering::SeqCst) {
+                running = true;
+                let _ = handle.kill(kick_signal());
+            }
+        }
+        if !running {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
