@@ -321,6 +321,7 @@ fn check_policy(text: &str) {
         &policy,
         "avtap",
         std::net::Ipv4Addr::new(169, 254, 53, 53),
+        Some(agentvm::router::SERVICE6),
         &[],
     ) {
         // TCP rules are the proxy's; one accept line per UDP address
