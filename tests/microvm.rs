@@ -85,7 +85,7 @@ fn wait_for_file(f: &Fixture, file: &str) -> String {
             .ok()
             .filter(|s| !s.is_empty())
     })
-        .unwrap_or_else(|| panic!("{} never appeared", path.display()))
+    .unwrap_or_else(|| panic!("{} never appeared", path.display()))
 }
 
 #[track_caller]
