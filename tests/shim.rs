@@ -56,3 +56,44 @@ fn shim_container_tier_shares_the_host_kernel_and_writes_stderr() {
     assert_eq!(out.out(), host_boot_id(), "{out}");
     assert_eq!(out.stderr, "to-stderr\n", "{out}");
 }
+
+/// The status column of `ctr task ls` for `id`.
+fn task_status(c: &common::containerd::Containerd, id: &str) -> String {
+    let out = c.ctr(&["task", "ls"]).ok();
+    out.stdout
+        .lines()
+        .find_map(|line| {
+            let mut cols = line.split_whitespace();
+            (cols.next() == Some(id)).then(|| cols.nth(1).unwrap_or_default().to_string())
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn shim_container_tier_detached_kill_and_unimplemented_features() {
+    let c = require!(containerd_for_shim());
+    let id = unique_name("shim-kill");
+    c.run_detached_shim(&id, "container", &["sleep", "300"])
+        .ok();
+    assert_eq!(task_status(c, &id), "RUNNING");
+    // `pids`: the init's host pid, as `ctr task ls` shows it.
+    let ps = c.ctr(&["task", "ps", &id]).ok();
+    assert_eq!(ps.stdout.lines().count(), 2, "{ps}");
+    // Features not done yet say so by name, never succeed.
+    let exec = c.ctr(&["task", "exec", "--exec-id", "e1", &id, "true"]);
+    assert!(!exec.success(), "{exec}");
+    assert!(exec.stderr.contains("exec: not implemented"), "{exec}");
+    let pause = c.ctr(&["task", "pause", &id]);
+    assert!(!pause.success(), "{pause}");
+    assert!(pause.stderr.contains("pause: not implemented"), "{pause}");
+    assert_eq!(task_status(c, &id), "RUNNING");
+    // SIGKILL (sleep is pid 1 of its namespace: SIGTERM is ignored).
+    c.ctr(&["task", "kill", "-s", "SIGKILL", &id]).ok();
+    assert!(
+        common::wait_for(30, || (task_status(c, &id) == "STOPPED").then_some(())).is_some(),
+        "{id} did not stop after SIGKILL"
+    );
+    c.ctr(&["task", "delete", &id]).ok();
+    c.ctr(&["container", "rm", &id]).ok();
+    assert_eq!(task_status(c, &id), "");
+}

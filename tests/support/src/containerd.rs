@@ -230,6 +230,21 @@ impl Containerd {
         cmd::run(&mut c)
     }
 
+    /// `ctr run -d --runtime io.containerd.agentvm.v2`: the container
+    /// `id` runs `command` in the background.
+    pub fn run_detached_shim(&self, id: &str, tier: &str, command: &[&str]) -> Output {
+        let mut c = self.instance.ctr();
+        c.args(["run", "-d", "--runtime", SHIM_RUNTIME])
+            .args(["--env", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"])
+            .arg("--annotation")
+            .arg(format!("{ISOLATION_ANNOTATION}={tier}"))
+            .arg("--rootfs")
+            .arg(&self.rootfs)
+            .arg(id)
+            .args(command);
+        cmd::run(&mut c)
+    }
+
     /// `ctr <args>` against this containerd, in the tests' namespace.
     pub fn ctr(&self, args: &[&str]) -> Output {
         cmd::run(self.instance.ctr().args(args))
