@@ -97,3 +97,16 @@ fn shim_container_tier_detached_kill_and_unimplemented_features() {
     c.ctr(&["container", "rm", &id]).ok();
     assert_eq!(task_status(c, &id), "");
 }
+
+#[test]
+fn shim_container_tier_runs_an_image_from_the_snapshotter() {
+    let c = require!(containerd_for_shim());
+    let out = c
+        .run_rm_shim_image(
+            &unique_name("shim-image"),
+            "container",
+            &["sh", "-c", "echo from the image; exit 3"],
+        )
+        .code(3);
+    assert_eq!(out.stdout, "from the image\n", "{out}");
+}

@@ -245,8 +245,108 @@ impl Containerd {
         cmd::run(&mut c)
     }
 
+    /// `ctr run --rm --runtime io.containerd.agentvm.v2` of `command` in
+    /// the image [`Containerd::busybox_image`]: its rootfs comes from the
+    /// snapshotter, as mounts the shim mounts on the bundle's rootfs.
+    pub fn run_rm_shim_image(&self, id: &str, tier: &str, command: &[&str]) -> Output {
+        let image = self.busybox_image();
+        let mut c = self.instance.ctr();
+        c.args(["run", "--rm", "--runtime", SHIM_RUNTIME])
+            .arg("--annotation")
+            .arg(format!("{ISOLATION_ANNOTATION}={tier}"))
+            .arg(image)
+            .arg(id)
+            .args(command);
+        cmd::run(&mut c)
+    }
+
+    /// The busybox rootfs tarball imported as the image `local/busybox:latest`
+    /// (once): an OCI image layout written here, its one layer the tarball
+    /// uncompressed, since no registry is reachable.
+    pub fn busybox_image(&self) -> &'static str {
+        const IMAGE: &str = "local/busybox:latest";
+        static IMPORTED: OnceLock<()> = OnceLock::new();
+        IMPORTED.get_or_init(|| {
+            let archive = oci_archive(&rootfs::tarball());
+            cmd::run(
+                self.instance
+                    .ctr()
+                    .args(["image", "import", "--base-name", "local/busybox"])
+                    .arg(&archive),
+            )
+            .ok();
+        });
+        IMAGE
+    }
+
     /// `ctr <args>` against this containerd, in the tests' namespace.
     pub fn ctr(&self, args: &[&str]) -> Output {
         cmd::run(self.instance.ctr().args(args))
     }
+}
+
+/// Writes an OCI image archive (a tar of an image layout) whose one layer
+/// is `layer` and returns its path.
+fn oci_archive(layer: &Path) -> PathBuf {
+    let dir = Path::new(DATA_DIR).join("busybox-oci");
+    let _ = std::fs::remove_dir_all(&dir);
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).expect("create the image layout");
+    let add = |data: &[u8]| -> (String, usize) {
+        let tmp = dir.join("blob.tmp");
+        std::fs::write(&tmp, data).expect("write a blob");
+        let digest = sha256(&tmp);
+        std::fs::rename(&tmp, blobs.join(&digest)).expect("store a blob");
+        (format!("sha256:{digest}"), data.len())
+    };
+    let layer_digest = sha256(layer);
+    let layer_size = std::fs::metadata(layer).expect("the layer tarball").len();
+    std::fs::copy(layer, blobs.join(&layer_digest)).expect("store the layer");
+    let layer_digest = format!("sha256:{layer_digest}");
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["sh"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    });
+    let (config_digest, config_size) = add(config.to_string().as_bytes());
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": config_digest, "size": config_size},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": layer_digest, "size": layer_size}],
+    });
+    let (manifest_digest, manifest_size) = add(manifest.to_string().as_bytes());
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                       "digest": manifest_digest, "size": manifest_size,
+                       "annotations": {"org.opencontainers.image.ref.name": "latest"}}],
+    });
+    std::fs::write(dir.join("index.json"), index.to_string()).expect("write index.json");
+    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)
+        .expect("write oci-layout");
+    let archive = Path::new(DATA_DIR).join("busybox-oci.tar");
+    cmd::run(
+        Command::new("tar")
+            .arg("cf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&dir)
+            .arg("."),
+    )
+    .ok();
+    archive
+}
+
+/// The hex SHA-256 of a file (coreutils' sha256sum).
+fn sha256(path: &Path) -> String {
+    let out = cmd::run(Command::new("sha256sum").arg(path)).ok();
+    out.stdout
+        .split_whitespace()
+        .next()
+        .expect("sha256sum prints a digest")
+        .to_string()
 }
