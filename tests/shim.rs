@@ -110,3 +110,51 @@ fn shim_container_tier_runs_an_image_from_the_snapshotter() {
         .code(3);
     assert_eq!(out.stdout, "from the image\n", "{out}");
 }
+
+#[test]
+fn shim_container_tier_relays_stdin_until_end_of_file() {
+    let c = require!(containerd_for_shim());
+    let out = c
+        .run_rm_shim_image_input(
+            &unique_name("shim-stdin"),
+            "container",
+            Some(b"line one\nline two\n"),
+            &["sh", "-c", "wc -l; echo after end of file"],
+        )
+        .ok();
+    assert_eq!(
+        out.stdout.split_whitespace().collect::<Vec<_>>(),
+        ["2", "after", "end", "of", "file"],
+        "{out}"
+    );
+}
+
+/// The microvm tier through the shim: `agentvm create` leaves the VM's
+/// supervisor as the task's pid, which the shim treats as any init.
+#[test]
+fn shim_microvm_tier_runs_in_its_own_kernel() {
+    if let Some(why) = common::guest::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let c = require!(containerd_for_shim());
+    let out = c
+        .run_rm_shim_image(
+            &unique_name("shim-vm"),
+            "microvm",
+            &[
+                "sh",
+                "-c",
+                "uname -r; cat /proc/sys/kernel/random/boot_id; exit 7",
+            ],
+        )
+        .code(7);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_ne!(
+        lines[0],
+        common::host_uname_r(),
+        "the host's kernel answered"
+    );
+    assert_ne!(lines[1], host_boot_id(), "the host's boot id");
+}

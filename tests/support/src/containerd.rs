@@ -249,6 +249,18 @@ impl Containerd {
     /// the image [`Containerd::busybox_image`]: its rootfs comes from the
     /// snapshotter, as mounts the shim mounts on the bundle's rootfs.
     pub fn run_rm_shim_image(&self, id: &str, tier: &str, command: &[&str]) -> Output {
+        self.run_rm_shim_image_input(id, tier, None, command)
+    }
+
+    /// [`Containerd::run_rm_shim_image`] with `input` on ctr's stdin,
+    /// which ctr hands to the container through the stdin FIFO.
+    pub fn run_rm_shim_image_input(
+        &self,
+        id: &str,
+        tier: &str,
+        input: Option<&[u8]>,
+        command: &[&str],
+    ) -> Output {
         let image = self.busybox_image();
         let mut c = self.instance.ctr();
         c.args(["run", "--rm", "--runtime", SHIM_RUNTIME])
@@ -257,7 +269,7 @@ impl Containerd {
             .arg(image)
             .arg(id)
             .args(command);
-        cmd::run(&mut c)
+        cmd::run_with(&mut c, input, cmd::DEFAULT_TIMEOUT)
     }
 
     /// The busybox rootfs tarball imported as the image `local/busybox:latest`
