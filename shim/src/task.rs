@@ -10,7 +10,7 @@
 //! Methods not implemented yet answer UNIMPLEMENTED with the feature's
 //! name, never a pretend success.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -36,6 +36,8 @@ use crate::stdio::{self, StdioError};
 pub enum TaskError {
     #[error("container {0} does not exist in this shim")]
     NotFound(String),
+    #[error("process already finished: container {0} has exited")]
+    Finished(String),
     #[error("container {0} already exists in this shim")]
     Exists(String),
     #[error("{what}: not implemented yet in the agentvm shim")]
@@ -62,7 +64,7 @@ pub enum TaskError {
 impl From<TaskError> for ttrpc::Error {
     fn from(e: TaskError) -> ttrpc::Error {
         let code = match &e {
-            TaskError::NotFound(_) => Code::NOT_FOUND,
+            TaskError::NotFound(_) | TaskError::Finished(_) => Code::NOT_FOUND,
             TaskError::Exists(_) => Code::ALREADY_EXISTS,
             TaskError::NotImplemented { .. } => Code::UNIMPLEMENTED,
             TaskError::State { .. } => Code::FAILED_PRECONDITION,
@@ -100,7 +102,15 @@ struct Shared {
     exited: Condvar,
     publisher: RemotePublisher,
     namespace: String,
+    /// Exits of pids no container had (yet): an init that dies between
+    /// `agentvm create`'s return and the shim's record of it is found
+    /// here. Locked after `containers`, never before.
+    unclaimed: Mutex<VecDeque<(i32, i32)>>,
 }
+
+/// How many unclaimed exits are kept (most are the shim's own `agentvm`
+/// commands).
+const UNCLAIMED_EXITS: usize = 256;
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Container>> {
@@ -108,6 +118,16 @@ impl Shared {
         self.containers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The exit status of `pid` if it exited before a container claimed it.
+    fn take_unclaimed(&self, pid: i32) -> Option<i32> {
+        let mut unclaimed = self
+            .unclaimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = unclaimed.iter().position(|(p, _)| *p == pid)?;
+        unclaimed.remove(at).map(|(_, code)| code)
     }
 
     fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
@@ -138,6 +158,7 @@ impl Service {
             exited: Condvar::new(),
             publisher,
             namespace: namespace.to_string(),
+            unclaimed: Mutex::new(VecDeque::new()),
         });
         watch_exits(Arc::clone(&shared));
         Service {
@@ -185,19 +206,36 @@ impl Service {
             what: "a pid file",
             detail: format!("negative pid {pid}"),
         })?;
-        self.shared.lock().insert(
-            req.id.clone(),
-            Container {
-                bundle,
-                pid,
-                status: Status::CREATED,
-                stdin: req.stdin.clone(),
-                stdout: req.stdout.clone(),
-                stderr: req.stderr.clone(),
-                exit: None,
-                mounted_rootfs,
+        let mut containers = self.shared.lock();
+        let early = i32::try_from(pid)
+            .ok()
+            .and_then(|p| self.shared.take_unclaimed(p))
+            .map(|code| (exit_status(code), Timestamp::now()));
+        let container = Container {
+            bundle,
+            pid,
+            status: if early.is_some() {
+                Status::STOPPED
+            } else {
+                Status::CREATED
             },
-        );
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            exit: early,
+            mounted_rootfs,
+        };
+        let exit = container
+            .exit
+            .as_ref()
+            .map(|(status, at)| task_exit(&req.id, pid, *status, at));
+        containers.insert(req.id.clone(), container);
+        drop(containers);
+        if let Some(exit) = exit {
+            self.shared.exited.notify_all();
+            self.shared
+                .publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(exit));
+        }
         Ok(pid)
     }
 
@@ -256,6 +294,23 @@ fn unmount_rootfs(bundle: &Path) {
     }
 }
 
+/// A status as containerd reports it: the reaper's exit code, or 128 plus
+/// the signal that killed the process.
+fn exit_status(code: i32) -> u32 {
+    u32::try_from(code).unwrap_or(255)
+}
+
+fn task_exit(id: &str, pid: u32, status: u32, at: &Timestamp) -> TaskExit {
+    TaskExit {
+        container_id: id.to_string(),
+        id: id.to_string(),
+        pid,
+        exit_status: status,
+        exited_at: MessageField::some(at.clone()),
+        ..Default::default()
+    }
+}
+
 /// Records each container init's exit (the framework's reaper reports
 /// every child's), wakes `wait` and tells containerd.
 fn watch_exits(shared: Arc<Shared>) {
@@ -276,19 +331,22 @@ fn watch_exits(shared: Arc<Shared>) {
                 let mut containers = shared.lock();
                 for (id, c) in containers.iter_mut() {
                     if c.exit.is_none() && i64::from(c.pid) == i64::from(pid) {
-                        let status = u32::try_from(event.exit_code).unwrap_or(255);
+                        let status = exit_status(event.exit_code);
                         let at = Timestamp::now();
-                        c.exit = Some((status, at.clone()));
+                        exits.push(task_exit(id, c.pid, status, &at));
+                        c.exit = Some((status, at));
                         c.status = Status::STOPPED;
-                        exits.push(TaskExit {
-                            container_id: id.clone(),
-                            id: id.clone(),
-                            pid: c.pid,
-                            exit_status: status,
-                            exited_at: MessageField::some(at),
-                            ..Default::default()
-                        });
                     }
+                }
+                if exits.is_empty() {
+                    let mut unclaimed = shared
+                        .unclaimed
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if unclaimed.len() >= UNCLAIMED_EXITS {
+                        unclaimed.pop_front();
+                    }
+                    unclaimed.push_back((pid, event.exit_code));
                 }
             }
             if exits.is_empty() {
@@ -414,12 +472,9 @@ impl containerd_shim::Task for Service {
         no_exec(&req.exec_id, "kill")?;
         let exited = self.with(&req.id, |c| c.exit.is_some())?;
         if exited {
-            return Err(TaskError::State {
-                id: req.id,
-                state: "stopped",
-                why: "its process has already exited",
-            }
-            .into());
+            // As runc's shim: NOT_FOUND, which containerd's callers (CRI's
+            // StopContainer) take as "already stopped".
+            return Err(TaskError::Finished(req.id).into());
         }
         self.agentvm
             .kill(&req.id, req.signal, req.all)
