@@ -6,6 +6,9 @@ CARGO      ?= cargo
 PROFILE    ?= release
 TARGET_DIR := target/x86_64-unknown-linux-gnu/$(PROFILE)
 BIN        := $(TARGET_DIR)/agentvm
+# containerd's shim v2 for agentvm (shim/): containerd finds it in PATH by
+# the runtime name io.containerd.agentvm.v2.
+SHIM       := $(TARGET_DIR)/containerd-shim-agentvm-v2
 CARGO_PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
 export AGENTVM_COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -20,7 +23,7 @@ deps:
 	scripts/install-deps.sh
 
 build:
-	$(CARGO) build $(CARGO_PROFILE_FLAG) --locked -p agentvm
+	$(CARGO) build $(CARGO_PROFILE_FLAG) --locked -p agentvm -p agentvm-shim
 
 # The guest kernel, built once per config into /var/cache/agentvm/kernels.
 kernel:
@@ -31,6 +34,7 @@ virtiofsd:
 
 install: build kernel virtiofsd
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/agentvm
+	install -D -m 0755 $(SHIM) $(DESTDIR)$(PREFIX)/bin/containerd-shim-agentvm-v2
 	scripts/register-docker-runtimes.sh $(PREFIX)/bin/agentvm
 
 demo: deps install

@@ -6,6 +6,11 @@
 //! reads from config.json. (The shim passes containerd's environment on to
 //! the runtime, so `AGENTVM_CONFIG` set for containerd would work too.)
 //! The container's rootfs is an unpacked busybox tree (`--rootfs`).
+//!
+//! [`containerd_for_shim`] is a second containerd whose `PATH` starts with
+//! the directory of the `containerd-shim-agentvm-v2` binary under test, so
+//! that `ctr run --runtime io.containerd.agentvm.v2` finds that shim (and
+//! the shim the `agentvm` beside it).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,7 +25,19 @@ pub const NAMESPACE: &str = "agentvm-test";
 pub struct Containerd {
     pub runtime: Runtime,
     rootfs: PathBuf,
+    instance: Instance,
 }
+
+/// One containerd of the tests: its name under [`RUN_DIR`] and the
+/// directory put first in its `PATH`, if any.
+#[derive(Clone)]
+struct Instance {
+    name: &'static str,
+    path_first: Option<PathBuf>,
+}
+
+/// The runtime name of agentvm's shim v2.
+pub const SHIM_RUNTIME: &str = "io.containerd.agentvm.v2";
 
 /// The shared fixture: containerd is up and the rootfs is unpacked.
 pub fn containerd() -> Result<&'static Containerd, String> {
@@ -30,65 +47,110 @@ pub fn containerd() -> Result<&'static Containerd, String> {
             if let Some(why) = host_unsuitable(&["containerd", "ctr", "containerd-shim-runc-v2"]) {
                 return Err(why);
             }
-            ensure_daemon();
+            let instance = Instance {
+                name: "containerd",
+                path_first: None,
+            };
+            ensure_daemon(&instance);
             Ok(Containerd {
                 runtime: Runtime::from_env(),
                 rootfs: rootfs::unpacked(),
+                instance,
             })
         })
         .as_ref()
         .map_err(Clone::clone)
 }
 
-fn dir() -> PathBuf {
-    Path::new(RUN_DIR).join("containerd")
+/// The containerd for `ctr run --runtime io.containerd.agentvm.v2`: the
+/// shim binary of this build (see [`super::shim_bin`]) first in `PATH`.
+pub fn containerd_for_shim() -> Result<&'static Containerd, String> {
+    static CONTAINERD: OnceLock<Result<Containerd, String>> = OnceLock::new();
+    CONTAINERD
+        .get_or_init(|| {
+            if let Some(why) = host_unsuitable(&["containerd", "ctr"]) {
+                return Err(why);
+            }
+            let shim = super::shim_bin();
+            assert!(
+                shim.is_file(),
+                "the shim under test {} is not built: cargo build -p agentvm-shim \
+                 (make integration-test builds it)",
+                shim.display()
+            );
+            let instance = Instance {
+                name: "containerd-shim",
+                path_first: shim.parent().map(Path::to_path_buf),
+            };
+            ensure_daemon(&instance);
+            Ok(Containerd {
+                runtime: Runtime::from_env(),
+                rootfs: rootfs::unpacked(),
+                instance,
+            })
+        })
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
-fn socket() -> PathBuf {
-    dir().join("containerd.sock")
+impl Instance {
+    fn dir(&self) -> PathBuf {
+        Path::new(RUN_DIR).join(self.name)
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir().join("containerd.sock")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        Path::new(RUN_DIR).join(format!("{}.log", self.name))
+    }
+
+    fn config(&self) -> String {
+        // The PATH is in the config as a comment, so that another one
+        // restarts the daemon as a changed config does.
+        let path_note = match &self.path_first {
+            Some(p) => format!("# PATH starts with {}\n", p.display()),
+            None => String::new(),
+        };
+        format!(
+            "{path_note}version = 2\n\
+             root = \"{}\"\n\
+             state = \"{}\"\n\
+             disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+             \n\
+             [grpc]\n  address = \"{}\"\n",
+            Path::new(DATA_DIR).join(self.name).display(),
+            self.dir().join("state").display(),
+            self.socket().display(),
+        )
+    }
+
+    fn ctr(&self) -> Command {
+        let mut c = Command::new("ctr");
+        c.arg("--address")
+            .arg(self.socket())
+            .args(["--namespace", NAMESPACE]);
+        c
+    }
+
+    fn answers(&self) -> bool {
+        cmd::try_run_with(
+            self.ctr().arg("version"),
+            None,
+            std::time::Duration::from_secs(10),
+        )
+        .map(|o| o.success())
+        .unwrap_or(false)
+    }
 }
 
-fn log_path() -> PathBuf {
-    Path::new(RUN_DIR).join("containerd.log")
-}
-
-fn config() -> String {
-    format!(
-        "version = 2\n\
-         root = \"{}\"\n\
-         state = \"{}\"\n\
-         disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
-         \n\
-         [grpc]\n  address = \"{}\"\n",
-        Path::new(DATA_DIR).join("containerd").display(),
-        dir().join("state").display(),
-        socket().display(),
-    )
-}
-
-fn ctr() -> Command {
-    let mut c = Command::new("ctr");
-    c.arg("--address")
-        .arg(socket())
-        .args(["--namespace", NAMESPACE]);
-    c
-}
-
-fn answers() -> bool {
-    cmd::try_run_with(
-        ctr().arg("version"),
-        None,
-        std::time::Duration::from_secs(10),
-    )
-    .map(|o| o.success())
-    .unwrap_or(false)
-}
-
-fn ensure_daemon() {
-    std::fs::create_dir_all(dir()).expect("create containerd dir");
-    let _lock = daemon::lock(&Path::new(RUN_DIR).join("containerd.lock"));
-    let config_path = Path::new(RUN_DIR).join("containerd.toml");
-    let changed = daemon::write_if_changed(&config_path, &config());
+fn ensure_daemon(instance: &Instance) {
+    std::fs::create_dir_all(instance.dir()).expect("create containerd dir");
+    let _lock = daemon::lock(&Path::new(RUN_DIR).join(format!("{}.lock", instance.name)));
+    let config_path = Path::new(RUN_DIR).join(format!("{}.toml", instance.name));
+    let changed = daemon::write_if_changed(&config_path, &instance.config());
+    let answers = || instance.answers();
     if let Some(pid) = find_containerd_pid(&config_path) {
         if !changed && answers() {
             return;
@@ -102,10 +164,20 @@ fn ensure_daemon() {
     }
     let mut command = Command::new("containerd");
     command.arg("--config").arg(&config_path).current_dir("/");
+    if let Some(first) = &instance.path_first {
+        let mut dirs = vec![first.clone()];
+        if let Some(path) = std::env::var_os("PATH") {
+            dirs.extend(std::env::split_paths(&path));
+        }
+        command.env(
+            "PATH",
+            std::env::join_paths(dirs).expect("PATH entries without ':'"),
+        );
+    }
     daemon::start(daemon::Spec {
         name: "containerd",
         command,
-        log: log_path(),
+        log: instance.log_path(),
         ready: &answers,
         ready_timeout_secs: 60,
     });
@@ -129,7 +201,7 @@ fn find_containerd_pid(config: &Path) -> Option<i32> {
 impl Containerd {
     /// `ctr run --rm` of `command` with the runtime under test.
     pub fn run_rm(&self, id: &str, command: &[&str]) -> Output {
-        let mut c = ctr();
+        let mut c = self.instance.ctr();
         c.args(["run", "--rm", "--runc-binary"])
             .arg(self.runtime.binary())
             .arg("--runc-root")
@@ -142,4 +214,151 @@ impl Containerd {
         c.arg("--rootfs").arg(&self.rootfs).arg(id).args(command);
         cmd::run(&mut c)
     }
+
+    /// `ctr run --rm --runtime io.containerd.agentvm.v2` of `command`, the
+    /// tier picked by the OCI annotation (`container` or `microvm`).
+    pub fn run_rm_shim(&self, id: &str, tier: &str, command: &[&str]) -> Output {
+        let mut c = self.instance.ctr();
+        c.args(["run", "--rm", "--runtime", SHIM_RUNTIME])
+            .args(["--env", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"])
+            .arg("--annotation")
+            .arg(format!("{ISOLATION_ANNOTATION}={tier}"))
+            .arg("--rootfs")
+            .arg(&self.rootfs)
+            .arg(id)
+            .args(command);
+        cmd::run(&mut c)
+    }
+
+    /// `ctr run -d --runtime io.containerd.agentvm.v2`: the container
+    /// `id` runs `command` in the background.
+    pub fn run_detached_shim(&self, id: &str, tier: &str, command: &[&str]) -> Output {
+        let mut c = self.instance.ctr();
+        c.args(["run", "-d", "--runtime", SHIM_RUNTIME])
+            .args(["--env", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"])
+            .arg("--annotation")
+            .arg(format!("{ISOLATION_ANNOTATION}={tier}"))
+            .arg("--rootfs")
+            .arg(&self.rootfs)
+            .arg(id)
+            .args(command);
+        cmd::run(&mut c)
+    }
+
+    /// `ctr run --rm --runtime io.containerd.agentvm.v2` of `command` in
+    /// the image [`Containerd::busybox_image`]: its rootfs comes from the
+    /// snapshotter, as mounts the shim mounts on the bundle's rootfs.
+    pub fn run_rm_shim_image(&self, id: &str, tier: &str, command: &[&str]) -> Output {
+        self.run_rm_shim_image_input(id, tier, None, command)
+    }
+
+    /// [`Containerd::run_rm_shim_image`] with `input` on ctr's stdin,
+    /// which ctr hands to the container through the stdin FIFO.
+    pub fn run_rm_shim_image_input(
+        &self,
+        id: &str,
+        tier: &str,
+        input: Option<&[u8]>,
+        command: &[&str],
+    ) -> Output {
+        let image = self.busybox_image();
+        let mut c = self.instance.ctr();
+        c.args(["run", "--rm", "--runtime", SHIM_RUNTIME])
+            .arg("--annotation")
+            .arg(format!("{ISOLATION_ANNOTATION}={tier}"))
+            .arg(image)
+            .arg(id)
+            .args(command);
+        cmd::run_with(&mut c, input, cmd::DEFAULT_TIMEOUT)
+    }
+
+    /// The busybox rootfs tarball imported as the image `local/busybox:latest`
+    /// (once): an OCI image layout written here, its one layer the tarball
+    /// uncompressed, since no registry is reachable.
+    pub fn busybox_image(&self) -> &'static str {
+        const IMAGE: &str = "local/busybox:latest";
+        static IMPORTED: OnceLock<()> = OnceLock::new();
+        IMPORTED.get_or_init(|| {
+            let archive = oci_archive(&rootfs::tarball());
+            cmd::run(
+                self.instance
+                    .ctr()
+                    .args(["image", "import", "--base-name", "local/busybox"])
+                    .arg(&archive),
+            )
+            .ok();
+        });
+        IMAGE
+    }
+
+    /// `ctr <args>` against this containerd, in the tests' namespace.
+    pub fn ctr(&self, args: &[&str]) -> Output {
+        cmd::run(self.instance.ctr().args(args))
+    }
+}
+
+/// Writes an OCI image archive (a tar of an image layout) whose one layer
+/// is `layer` and returns its path.
+fn oci_archive(layer: &Path) -> PathBuf {
+    let dir = Path::new(DATA_DIR).join("busybox-oci");
+    let _ = std::fs::remove_dir_all(&dir);
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).expect("create the image layout");
+    let add = |data: &[u8]| -> (String, usize) {
+        let tmp = dir.join("blob.tmp");
+        std::fs::write(&tmp, data).expect("write a blob");
+        let digest = sha256(&tmp);
+        std::fs::rename(&tmp, blobs.join(&digest)).expect("store a blob");
+        (format!("sha256:{digest}"), data.len())
+    };
+    let layer_digest = sha256(layer);
+    let layer_size = std::fs::metadata(layer).expect("the layer tarball").len();
+    std::fs::copy(layer, blobs.join(&layer_digest)).expect("store the layer");
+    let layer_digest = format!("sha256:{layer_digest}");
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["sh"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    });
+    let (config_digest, config_size) = add(config.to_string().as_bytes());
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": config_digest, "size": config_size},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": layer_digest, "size": layer_size}],
+    });
+    let (manifest_digest, manifest_size) = add(manifest.to_string().as_bytes());
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                       "digest": manifest_digest, "size": manifest_size,
+                       "annotations": {"org.opencontainers.image.ref.name": "latest"}}],
+    });
+    std::fs::write(dir.join("index.json"), index.to_string()).expect("write index.json");
+    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)
+        .expect("write oci-layout");
+    let archive = Path::new(DATA_DIR).join("busybox-oci.tar");
+    cmd::run(
+        Command::new("tar")
+            .arg("cf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&dir)
+            .arg("."),
+    )
+    .ok();
+    archive
+}
+
+/// The hex SHA-256 of a file (coreutils' sha256sum).
+fn sha256(path: &Path) -> String {
+    let out = cmd::run(Command::new("sha256sum").arg(path)).ok();
+    out.stdout
+        .split_whitespace()
+        .next()
+        .expect("sha256sum prints a digest")
+        .to_string()
 }

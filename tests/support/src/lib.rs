@@ -120,6 +120,20 @@ pub fn agentvm_bin() -> PathBuf {
     .clone()
 }
 
+/// The containerd shim v2 binary (`containerd-shim-agentvm-v2`, the
+/// `agentvm-shim` package) of the same build as [`agentvm_bin`]: beside
+/// it. `$AGENTVM_TEST_SHIM` overrides it.
+pub fn shim_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("AGENTVM_TEST_SHIM").filter(|b| !b.is_empty()) {
+        return PathBuf::from(bin);
+    }
+    let agentvm = agentvm_bin();
+    agentvm
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("containerd-shim-agentvm-v2")
+}
+
 /// The binary `name` of the cargo build that made the test or bench
 /// executable `exe`: in `exe`'s directory, or above it when that is
 /// `deps/`.
