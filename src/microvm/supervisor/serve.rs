@@ -133,9 +133,54 @@ struct Shared {
     stderr: Mutex<Box<dyn Write + Send>>,
     events: Sender<Event>,
     dir: std::path::PathBuf,
+    /// `agentvm start/kill/ps…` requests being answered (not execs, which
+    /// last as long as their process): the supervisor lets them finish
+    /// before it ends, so that the workload's end never cuts a reply off
+    /// (a `start` whose workload was killed at once saw "control channel
+    /// closed") nor lands a `start`'s "running" after the final "stopped".
+    answering: (Mutex<usize>, std::sync::Condvar),
+}
+
+/// Counts one CLI request in [`Shared::answering`] while it lives.
+struct Answering(Arc<Shared>);
+
+impl Answering {
+    fn begin(shared: &Arc<Shared>) -> Answering {
+        if let Ok(mut n) = shared.answering.0.lock() {
+            *n += 1;
+        }
+        Answering(shared.clone())
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        if let Ok(mut n) = self.0.answering.0.lock() {
+            *n = n.saturating_sub(1);
+        }
+        self.0.answering.1.notify_all();
+    }
 }
 
 impl Shared {
+    /// Waits, at most `limit`, until no CLI request is being answered.
+    fn wait_for_answers(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let Ok(mut n) = self.answering.0.lock() else {
+            return;
+        };
+        while *n > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            match self.answering.1.wait_timeout(n, left) {
+                Ok((guard, _)) => n = guard,
+                Err(_) => return,
+            }
+        }
+    }
+
     fn send(&self, frame: &Frame) -> Result<(), String> {
         let mut w = self
             .writer
@@ -214,6 +259,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         stderr: Mutex::new(err),
         events: events_tx.clone(),
         dir: args.dir.clone(),
+        answering: Default::default(),
     });
     spawn_reader(shared.clone(), guest);
     spawn_stdin(
@@ -248,6 +294,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         // trusted to): the VM is killed at once.
         End::Lost => VM_LOST_STATUS,
     };
+    shared.wait_for_answers(Duration::from_secs(2));
     vm.kill();
     if let Some(daemon) = egress {
         daemon.end();
@@ -499,6 +546,10 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
             return;
         }
     };
+    let _answering = match &req {
+        SupervisorRequest::Exec { .. } => None,
+        _ => Some(Answering::begin(&shared)),
+    };
     let reply = match &req {
         SupervisorRequest::Start => {
             let r = match start_container_hooks(&shared.dir) {
@@ -682,6 +733,7 @@ mod tests {
             stderr: Mutex::new(Box::new(Sink::default())),
             events: tx,
             dir: std::env::temp_dir(),
+            answering: Default::default(),
         });
         spawn_reader(shared.clone(), host);
         Fixture {
@@ -789,5 +841,36 @@ mod tests {
         assert_eq!(asker.join().unwrap(), Ok(Reply::Ok));
         let log = f.shared.guest_log.lock().unwrap();
         assert!(log.dropped_total() >= 1000, "{}", log.dropped_total());
+    }
+
+    /// The supervisor's end waits for a CLI reply being written, and no
+    /// longer than its limit for one that never ends.
+    #[test]
+    fn the_end_waits_for_replies_in_flight() {
+        let f = fixture();
+        let start = Instant::now();
+        f.shared.wait_for_answers(Duration::from_secs(5));
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "nothing in flight"
+        );
+        let shared = f.shared.clone();
+        let (held_tx, held_rx) = mpsc::channel();
+        let replier = std::thread::spawn(move || {
+            let _a = Answering::begin(&shared);
+            held_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+        });
+        held_rx.recv().unwrap();
+        let start = Instant::now();
+        f.shared.wait_for_answers(Duration::from_secs(5));
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(200), "{waited:?}");
+        assert!(waited < Duration::from_secs(4), "{waited:?}");
+        replier.join().unwrap();
+        let _stuck = Answering::begin(&f.shared);
+        let start = Instant::now();
+        f.shared.wait_for_answers(Duration::from_millis(200));
+        assert!(start.elapsed() < Duration::from_secs(2));
     }
 }
