@@ -218,23 +218,19 @@ impl Containerd {
     /// `ctr run --rm --runtime io.containerd.agentvm.v2` of `command`, the
     /// tier picked by the OCI annotation (`container` or `microvm`).
     pub fn run_rm_shim(&self, id: &str, tier: &str, command: &[&str]) -> Output {
-        let mut c = self.instance.ctr();
-        c.args(["run", "--rm", "--runtime", SHIM_RUNTIME])
-            .args(["--env", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"])
-            .arg("--annotation")
-            .arg(format!("{ISOLATION_ANNOTATION}={tier}"))
-            .arg("--rootfs")
-            .arg(&self.rootfs)
-            .arg(id)
-            .args(command);
-        cmd::run(&mut c)
+        self.run_shim("--rm", id, tier, command)
     }
 
     /// `ctr run -d --runtime io.containerd.agentvm.v2`: the container
     /// `id` runs `command` in the background.
     pub fn run_detached_shim(&self, id: &str, tier: &str, command: &[&str]) -> Output {
+        self.run_shim("-d", id, tier, command)
+    }
+
+    /// `ctr run MODE --runtime io.containerd.agentvm.v2` on the test rootfs.
+    fn run_shim(&self, mode: &str, id: &str, tier: &str, command: &[&str]) -> Output {
         let mut c = self.instance.ctr();
-        c.args(["run", "-d", "--runtime", SHIM_RUNTIME])
+        c.args(["run", mode, "--runtime", SHIM_RUNTIME])
             .args(["--env", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"])
             .arg("--annotation")
             .arg(format!("{ISOLATION_ANNOTATION}={tier}"))
