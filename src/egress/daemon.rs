@@ -198,6 +198,7 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
         trail: trail.clone(),
         own: opts.own,
         dns: dns_over_tcp,
+        active: Default::default(),
     });
     for (listener, name) in [
         (Some(opts.proxy), "egress-proxy"),

@@ -595,11 +595,13 @@ pub struct Proxy {
     /// With names in the policy: DNS over TCP (any connection to port 53)
     /// is served by the policy's resolver, with this upstream.
     pub dns: Option<(super::resolver::Shared, Option<SocketAddr>)>,
+    /// Connections being relayed, across every listener this proxy serves
+    /// (IPv4 and IPv6): at most [`MAX_CONNECTIONS`].
+    pub active: AtomicUsize,
 }
 
 impl Proxy {
     pub fn serve(self: Arc<Self>, listener: TcpListener) -> io::Result<()> {
-        let active = Arc::new(AtomicUsize::new(0));
         loop {
             let (client, _) = match listener.accept() {
                 Ok(c) => c,
@@ -617,21 +619,22 @@ impl Proxy {
                     continue;
                 }
             };
-            if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-                active.fetch_sub(1, Ordering::SeqCst);
+            if self.active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                self.active.fetch_sub(1, Ordering::SeqCst);
                 self.deny(dst, None, "too many connections at once".into());
                 reset(client);
                 continue;
             }
-            let (me, active) = (self.clone(), active.clone());
+            let me = self.clone();
             let spawned = std::thread::Builder::new()
                 .name("proxy".into())
                 .stack_size(128 * 1024)
                 .spawn(move || {
                     me.handle(client, dst);
-                    active.fetch_sub(1, Ordering::SeqCst);
+                    me.active.fetch_sub(1, Ordering::SeqCst);
                 });
             if spawned.is_err() {
+                self.active.fetch_sub(1, Ordering::SeqCst);
                 self.deny(dst, None, "cannot start a thread".into());
             }
         }
