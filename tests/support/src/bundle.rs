@@ -198,19 +198,36 @@ pub fn cgroups_named(id: &str) -> Vec<PathBuf> {
     found
 }
 
-/// Processes whose command line mentions `marker`.
+/// When a process started, in clock ticks since boot (field 22 of its
+/// `stat`; `comm` may hold spaces and parentheses, so count from its end).
+fn started_at(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Processes whose command line mentions `marker`, among those started
+/// since this test binary: a process that was there before it (a shell
+/// on the machine whose script happens to mention a container's name) is
+/// none of its leftovers.
 pub fn processes_with(marker: &str) -> Vec<String> {
     let mut found = Vec::new();
+    let since = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| started_at(&s))
+        .unwrap_or(0);
     for e in std::fs::read_dir("/proc")
         .expect("proc")
         .filter_map(|e| e.ok())
     {
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        if started_at(&stat).is_some_and(|t| t < since) {
+            continue;
+        }
         if let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) {
             let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             if text.contains(marker) {
                 // "pid (comm) state ppid" first: a failure's excerpt is
                 // short, and these say what the process is.
-                let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
                 let head: Vec<&str> = stat.split_whitespace().take(4).collect();
                 let text: String = text.chars().take(160).collect();
                 found.push(format!("{}: {text}", head.join(" ")));
