@@ -295,6 +295,56 @@ fn overhead_table(rows: &[Row]) -> Option<String> {
     ))
 }
 
+/// A microVM's round part by part: what runs before the supervisor's
+/// trace (the `create` command and the supervisor's start), each part of
+/// the trace, then `start`, the wait for the exit (the VM's shutdown
+/// included) and `delete`. `None` when the runtime keeps no trace.
+fn boot_table(samples: &[oci::Phases]) -> Option<String> {
+    let traced: Vec<&oci::Phases> = samples.iter().filter(|p| !p.boot.is_empty()).collect();
+    let first = traced.first()?;
+    let mut lines: Vec<(String, Option<Duration>)> = Vec::new();
+    let traced_sum = |p: &oci::Phases| p.boot.iter().map(|(_, d)| *d).sum::<Duration>();
+    lines.push((
+        "`create` before the trace (command, supervisor start)".into(),
+        summarize(
+            traced
+                .iter()
+                .map(|p| p.create.saturating_sub(traced_sum(p))),
+        )
+        .map(|m| m.median),
+    ));
+    for (name, _) in &first.boot {
+        let of = |p: &&oci::Phases| {
+            p.boot
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, d)| *d)
+                .unwrap_or_default()
+        };
+        lines.push((
+            format!("create: {name}"),
+            summarize(traced.iter().map(of)).map(|m| m.median),
+        ));
+    }
+    let median =
+        |f: fn(&oci::Phases) -> Duration| summarize(traced.iter().map(|p| f(p))).map(|m| m.median);
+    lines.push(("`start`".into(), median(|p| p.start)));
+    lines.push((
+        "wait for exit (VM shutdown included)".into(),
+        median(|p| p.wait),
+    ));
+    lines.push(("`delete`".into(), median(|p| p.delete)));
+    lines.push(("round".into(), median(|p| p.total)));
+    let mut table = String::from("| part | median |\n|---|---:|\n");
+    for (name, d) in lines {
+        table.push_str(&format!(
+            "| {name} | {} |\n",
+            d.map_or_else(|| "–".to_string(), ms)
+        ));
+    }
+    Some(table)
+}
+
 /// Part (a). Returns the report section and whether every round passed.
 fn oci_part(
     opts: &Options,
@@ -358,6 +408,16 @@ fn oci_part(
         if let Some(table) = overhead_table(&rows) {
             section.push_str(&format!(
                 "\nThe microvm tier's lifecycle over the raw boot:\n\n{table}"
+            ));
+        }
+    }
+    for s in &series {
+        if let Some(table) = boot_table(&s.samples) {
+            section.push_str(&format!(
+                "\n{}'s round by part (median of each; `create`'s parts from the supervisor's \
+                 boot trace in `microvm.json`, the guest's own milestones splitting the VM's \
+                 boot):\n\n{table}",
+                s.name
             ));
         }
     }

@@ -25,7 +25,7 @@ pub struct Workspace {
 }
 
 /// The time each phase of one round took.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Phases {
     /// `create --pid-file` until the runtime exited (and the pidfd is open).
     pub create: Duration,
@@ -37,6 +37,9 @@ pub struct Phases {
     pub delete: Duration,
     /// Wall clock of the whole round.
     pub total: Duration,
+    /// A microVM's boot trace (the supervisor's parts of `create`, from
+    /// its `microvm.json`); empty for other runtimes.
+    pub boot: Vec<(String, Duration)>,
     /// CPU time (user + system) of every process of the round: the runtime
     /// commands, their helpers and the container's init.
     pub cpu: Duration,
@@ -245,6 +248,7 @@ fn timed_round(
     )?;
     let init = PidFd::open(read_pid(pid_file)?)?;
     let t1 = Instant::now();
+    let boot = boot_trace(root, id);
     invoke(rt, root, &["start".as_ref(), id_os], log)?;
     let t2 = Instant::now();
     if init.wait_exit(EXIT_TIMEOUT)?.is_none() {
@@ -271,5 +275,19 @@ fn timed_round(
         delete: t4 - t3,
         total: t4 - t0,
         cpu,
+        boot,
     })
+}
+
+/// The boot trace an agentvm microVM keeps in its state directory, if
+/// this container is one.
+fn boot_trace(root: &Path, id: &str) -> Vec<(String, Duration)> {
+    match agentvm::microvm::vmstate::VmState::load(&root.join(id)) {
+        Ok(state) => state
+            .boot
+            .into_iter()
+            .map(|p| (p.part, Duration::from_micros(p.us)))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
 }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use agentvm::microvm::host::{kernel_cmdline, Accel};
 use agentvm::microvm::initramfs::Cpio;
 
 use crate::error::BenchError;
@@ -65,21 +66,6 @@ fn has_interpreter(elf: &[u8]) -> bool {
     })
 }
 
-/// The host TSC frequency in kHz, read as agentvm reads it
-/// (src/microvm/host.rs `tsc_khz`: the first `cpu MHz` of /proc/cpuinfo).
-fn tsc_khz() -> Option<u64> {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    let mhz: f64 = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("cpu MHz"))?
-        .split(':')
-        .nth(1)?
-        .trim()
-        .parse()
-        .ok()?;
-    Some((mhz * 1000.0).round() as u64)
-}
-
 impl Floor {
     /// Builds the busybox initramfs in `dir` and the QEMU command line for
     /// `kernel`; `kvm` picks the accelerator as agentvm does. `Err` is why
@@ -109,14 +95,8 @@ impl Floor {
         std::fs::write(&initramfs, cpio.finish())
             .map_err(|e| format!("cannot write {}: {e}", initramfs.display()))?;
 
-        let mut cmdline = String::from("console=ttyS0 reboot=t panic=-1 quiet rdinit=/init");
-        if !kvm {
-            // As the supervisor boots a TCG guest.
-            cmdline.push_str(" no_timer_check");
-            if let Some(khz) = tsc_khz() {
-                cmdline.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));
-            }
-        }
+        // As the supervisor boots the guest.
+        let cmdline = kernel_cmdline(if kvm { Accel::Kvm } else { Accel::Tcg });
         let console = dir.join("qemu-floor.console");
         let mem = MEMORY_MIB;
         let mut args: Vec<String> = vec![

@@ -89,6 +89,10 @@ impl Agent {
         self.port.send(&GuestMessage::Hello {
             version: VERSION,
             kernel,
+            boot: Some(crate::protocol::GuestBoot {
+                init_us: micros(init_at),
+                ready_us: micros(ready_at),
+            }),
         })?;
         for w in booted.warnings {
             self.port.log("warn", w)?;
@@ -372,4 +376,8 @@ impl Agent {
         }
         self.shutdown();
     }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

@@ -53,6 +53,30 @@ pub fn detect_accel() -> (Accel, String) {
     }
 }
 
+/// The guest kernel's command line for a VM on `accel` (the VMM adds its
+/// devices). Shared with the benchmark's raw QEMU floor, which boots the
+/// same kernel the same way.
+pub fn kernel_cmdline(accel: Accel) -> String {
+    let mut cmdline = String::from("console=ttyS0 reboot=t panic=-1 quiet rdinit=/init");
+    if accel == Accel::Tcg {
+        // Emulated vCPUs on a busy host miss the IO-APIC timer check's
+        // window, and the kernel panics ("IO-APIC + timer doesn't work!"):
+        // seen as an occasional "control channel closed" at create.
+        cmdline.push_str(" no_timer_check");
+        if let Some(khz) = tsc_khz() {
+            cmdline.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));
+        }
+        // TCG's local APIC has no TSC-deadline mode and no CPUID leaf with
+        // its frequency, so the kernel calibrates its timer against the PIT
+        // and then verifies it: two busy waits of 100 ms each (HZ/10
+        // ticks), a third of the kernel's boot. The PIT is the tick device
+        // instead (other vCPUs get the tick by broadcast). Under KVM the
+        // timer has a TSC deadline and nothing is calibrated.
+        cmdline.push_str(" noapictimer");
+    }
+    cmdline
+}
+
 /// The host TSC frequency in kHz, which a guest under TCG needs on its
 /// command line (it has no other clock to calibrate against quickly).
 pub fn tsc_khz() -> Option<u64> {

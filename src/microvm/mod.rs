@@ -171,6 +171,7 @@ fn start_supervisor(
         netns: None,
         net_restore: Vec::new(),
         egress: opts.egress.to_string(),
+        boot: Vec::new(),
     };
     state.save(dir)?;
 

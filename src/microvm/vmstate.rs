@@ -61,6 +61,10 @@ pub struct VmState {
     /// The egress policy in force (`egress::Policy` as text).
     #[serde(default = "allow")]
     pub egress: String,
+    /// Where `create` spent its time, part by part (the supervisor's boot
+    /// trace); empty until the VM booted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub boot: Vec<super::supervisor::trace::BootPart>,
 }
 
 fn allow() -> String {

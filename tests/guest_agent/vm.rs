@@ -355,7 +355,9 @@ impl Vm {
         };
         let first = vm.next_frame();
         match first.parse_control::<GuestMessage>() {
-            Ok(GuestMessage::Hello { version, kernel }) => {
+            Ok(GuestMessage::Hello {
+                version, kernel, ..
+            }) => {
                 assert_eq!(version, protocol::VERSION);
                 assert!(kernel.starts_with("Linux "), "{kernel}");
             }

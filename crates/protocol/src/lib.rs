@@ -375,12 +375,31 @@ pub struct GuestStats {
     pub oom_kills: u64,
 }
 
+/// The guest's boot milestones, in microseconds of the guest's
+/// `CLOCK_BOOTTIME` (which starts with its kernel): the host only reports
+/// them, and clamps them to what it measured itself.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GuestBoot {
+    /// The kernel ran /init.
+    pub init_us: u64,
+    /// The agent set up its mounts, cgroups and port and is about to say
+    /// Hello.
+    pub ready_us: u64,
+}
+
 /// What the guest sends.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum GuestMessage {
     /// First message after boot.
-    Hello { version: u32, kernel: String },
+    Hello {
+        version: u32,
+        kernel: String,
+        /// When the guest's boot reached its milestones, for the boot
+        /// trace (a guest that does not say is not an error).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        boot: Option<GuestBoot>,
+    },
     /// The answer to the oldest unanswered host request.
     Reply(Reply),
     /// The process of stream `id` ended: exit code, or 128+signal.

@@ -169,6 +169,7 @@ fn frame_of(seed: &Seed) -> Frame {
         } => GuestMessage::Hello {
             version: if *current { VERSION } else { version.u32() },
             kernel: kernel.string(),
+            boot: None,
         },
         Seed::Ok => GuestMessage::Reply(Reply::Ok),
         Seed::Created(pid) => GuestMessage::Reply(Reply::Created { pid: pid.i32() }),

@@ -27,6 +27,7 @@ mod relays;
 mod serve;
 pub use serve::run_hooks as run_hooks_public;
 mod stage;
+pub mod trace;
 pub mod tty;
 
 /// The socket, in the state directory, that the VMM joins to the guest's
@@ -195,6 +196,7 @@ impl EgressDaemon {
 
 fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     let dir = &args.dir;
+    let mut trace = trace::BootTrace::new(Instant::now());
     let mut state = VmState::load(dir)?;
     let spec = state.spec()?;
     let host = Host::probe(&args.config)?;
@@ -207,8 +209,10 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     state.supervisor_start_time = process_start_time(std::process::id() as i32);
     state.accel = host.accel.as_str().to_string();
     state.save(dir)?;
+    trace.mark("setup");
     serve::run_hooks(&spec, &state, &["prestart", "createRuntime"])
         .map_err(SupervisorError::Hook)?;
+    trace.mark("hooks");
     // The hooks have put Docker's or CNI's interfaces in the namespace.
     let egress: crate::egress::Policy = state.egress.parse()?;
     let dns_mode = if egress.is_allow() {
@@ -274,6 +278,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         None => None,
     };
 
+    trace.mark("network");
     let plan = super::spec::plan(&spec, &state.bundle, &state.rootfs, &args.config)?;
     for w in &plan.warnings {
         tracing::warn!("container {}: {w}", state.id);
@@ -302,16 +307,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
 
     let listener = super::sock::bind(dir, CONTROL_SOCKET)
         .map_err(io_error("cannot listen on the control socket"))?;
-    let mut cmdline = String::from("console=ttyS0 reboot=t panic=-1 quiet rdinit=/init");
-    if host.accel == Accel::Tcg {
-        // Emulated vCPUs on a busy host miss the IO-APIC timer check's
-        // window, and the kernel panics ("IO-APIC + timer doesn't work!"):
-        // seen as an occasional "control channel closed" at create.
-        cmdline.push_str(" no_timer_check");
-        if let Some(khz) = super::host::tsc_khz() {
-            cmdline.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));
-        }
-    }
+    let cmdline = super::host::kernel_cmdline(host.accel);
     let config = VmConfig {
         name: state.id.clone(),
         kernel: host.kernel.clone(),
@@ -340,7 +336,9 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         host.accel.as_str(),
         host.accel_reason
     );
+    trace.mark("share");
     let mut vm = backend.launch(&config)?;
+    trace.mark("vmm launch");
     let timeout = args.config.microvm.boot_timeout();
     let mut guest_log = guest_log::GuestLog::new(Instant::now());
     let handshaken = handshake(
@@ -351,7 +349,10 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         &mut guest_log,
     );
     let mut guest = match handshaken {
-        Ok(g) => g,
+        Ok((g, milestones)) => {
+            trace.guest_booted(milestones);
+            g
+        }
         Err(e) => {
             vm.kill();
             return Err(with_console(e, &config.console_log));
@@ -372,6 +373,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             vm.kill();
             return Err(with_console(e, &config.console_log));
         }
+        trace.mark("guest network");
     }
     let create = HostMessage::Create {
         spec: Box::new(plan.spec.clone()),
@@ -387,6 +389,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         vm.kill();
         return Err(with_console(e, &config.console_log));
     }
+    trace.mark("container");
     // createContainer hooks resolve in the runtime's namespaces and run in
     // the container's: for a VM, the host side of those is the supervisor,
     // which is in the container's network namespace and cgroup (what runs
@@ -411,6 +414,9 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     state.status = Status::Created;
     state.vcpus = plan.vcpus;
     state.memory_mib = plan.memory_mib;
+    trace.mark("finish");
+    tracing::debug!("container {}: boot trace: {}", state.id, trace.summary());
+    state.boot = trace.parts().to_vec();
     state.save(dir)?;
     Ok(Booted {
         vm,
@@ -486,7 +492,7 @@ fn handshake(
     timeout: Duration,
     console: &Path,
     log: &mut guest_log::GuestLog,
-) -> Result<UnixStream, SupervisorError> {
+) -> Result<(UnixStream, Option<crate::protocol::GuestBoot>), SupervisorError> {
     // The timeout is bounded (config.rs), but a deadline past what an
     // Instant holds must not panic the supervisor.
     let deadline = Instant::now().checked_add(timeout).unwrap_or_else(|| {
@@ -500,6 +506,7 @@ fn handshake(
     listener
         .set_nonblocking(true)
         .map_err(io_error("control socket"))?;
+    let milestones;
     let mut conn = loop {
         match listener.accept() {
             Ok((c, _)) => break c,
@@ -539,8 +546,13 @@ fn handshake(
             Some(Ok(f)) => {
                 let msg: GuestMessage = f.parse_control()?;
                 match msg {
-                    GuestMessage::Hello { version, kernel } if version == VERSION => {
+                    GuestMessage::Hello {
+                        version,
+                        kernel,
+                        boot,
+                    } if version == VERSION => {
                         tracing::info!("guest agent up, kernel {kernel}");
+                        milestones = boot;
                         break;
                     }
                     GuestMessage::Hello { version, .. } => {
@@ -577,7 +589,7 @@ fn handshake(
     }
     conn.set_read_timeout(None)
         .map_err(io_error("control channel"))?;
-    Ok(conn)
+    Ok((conn, milestones))
 }
 
 /// Whether `conn` has data (or EOF) within `wait`.

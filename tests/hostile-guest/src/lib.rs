@@ -89,6 +89,7 @@ fn misbehave(mode: Mode) -> Result<File, Error> {
     let hello = Frame::control(&GuestMessage::Hello {
         version: VERSION,
         kernel: "hostile-guest".into(),
+        boot: None,
     })
     .encode()?;
     if mode == Mode::SlowHello {
