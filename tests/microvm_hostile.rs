@@ -235,3 +235,36 @@ fn hello_sent_in_slow_pieces_is_understood() {
     assert_no_panic(&f, &out);
     assert_nothing_left(&f, id);
 }
+
+/// The guest boots from its share, where its init is the host's own file
+/// (here the hostile binary; agentvm's binary otherwise), bound read-only.
+/// Root in the guest, as PID 1, tries to write it, truncate it, chmod it
+/// setuid, rename it, unlink it and hard-link it into the writable share:
+/// every attempt is refused (the exit status has a bit per attempt that
+/// worked), and the host's file is byte for byte and mode for mode as it
+/// was.
+#[test]
+fn the_guest_cannot_change_its_init_which_is_the_hosts_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = require!(hostile("tamper-init"));
+    let bin = hostile_bin_dir().join("hostile-tamper-init");
+    let before = std::fs::read(&bin).expect("read the hostile binary");
+    let mode_before = std::fs::metadata(&bin).expect("stat").permissions().mode();
+    let id = "hg-tamper";
+    let out = f.agentvm(&["run", "--bundle", &bundle_arg(&f), id]);
+    assert_eq!(
+        out.code, 0,
+        "bits of attempts that worked (write, truncate, chmod, rename, unlink, link; \
+         64: no init in the share to attack):\n{out}"
+    );
+    assert!(
+        std::fs::read(&bin).expect("read the hostile binary") == before,
+        "the host's file changed"
+    );
+    assert_eq!(
+        std::fs::metadata(&bin).expect("stat").permissions().mode(),
+        mode_before
+    );
+    assert_no_panic(&f, &out);
+    assert_nothing_left(&f, id);
+}

@@ -96,7 +96,10 @@ impl Floor {
             .map_err(|e| format!("cannot write {}: {e}", initramfs.display()))?;
 
         // As the supervisor boots the guest.
-        let cmdline = kernel_cmdline(if kvm { Accel::Kvm } else { Accel::Tcg });
+        let cmdline = format!(
+            "{} rdinit=/init",
+            kernel_cmdline(if kvm { Accel::Kvm } else { Accel::Tcg })
+        );
         let console = dir.join("qemu-floor.console");
         let mem = MEMORY_MIB;
         let mut args: Vec<String> = vec![

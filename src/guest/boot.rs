@@ -12,7 +12,7 @@ use nix::mount::{mount, MsFlags};
 use nix::sys::statfs::{statfs, FsType, TMPFS_MAGIC};
 
 use super::console;
-use crate::protocol::{PORT_NAME, SHARE_MOUNT, SHARE_TAG};
+use crate::protocol::{PORT_NAME, SHARE_BOOT_DIR, SHARE_MOUNT, SHARE_TAG};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
@@ -107,16 +107,30 @@ impl Phases {
     }
 }
 
-/// Moves `/` from the initramfs onto a fresh tmpfs (what `switch_root`
-/// does). The initramfs is the kernel's `rootfs` mount, which has no parent,
-/// and pivot_root(2) refuses a root without one: libcontainer pivots into
-/// the container's rootfs, so the agent must not run on `rootfs` itself.
+/// Where the share that was the boot root waits, in the new root, for
+/// [`mount_share`] to move it to [`SHARE_MOUNT`] (under `/run`, which is
+/// mounted after the switch).
+const BOOT_SHARE: &str = "/.share";
+
+/// Gives the agent a root of its own on a fresh tmpfs, whatever the kernel
+/// booted from:
+/// - the virtio-fs share (how agentvm boots a container's VM; see
+///   `microvm::host::share_root`): a tmpfs is mounted on the agent's
+///   directory in the share and pivoted to, the share kept at
+///   [`BOOT_SHARE`] — the agent must not run on the host's directory;
+/// - an initramfs (the kernel's `rootfs` mount, which has no parent, and
+///   pivot_root(2) refuses a root without one, while libcontainer pivots
+///   into the container's rootfs): `/` is moved onto a tmpfs, as
+///   `switch_root` does.
 fn switch_root() -> Result<(), BootError> {
-    // include/uapi/linux/magic.h; neither nix nor libc has it.
+    // include/uapi/linux/magic.h; neither nix nor libc has them.
     const RAMFS_MAGIC: FsType = FsType(0x8584_58f6);
-    let on_ramfs = statfs("/")
-        .map(|s| s.filesystem_type() == RAMFS_MAGIC || s.filesystem_type() == TMPFS_MAGIC)
-        .unwrap_or(false);
+    const FUSE_SUPER_MAGIC: FsType = FsType(0x6573_5546);
+    let root = statfs("/").map(|s| s.filesystem_type()).ok();
+    if root == Some(FUSE_SUPER_MAGIC) {
+        return pivot_off_the_share();
+    }
+    let on_ramfs = root.is_some_and(|t| t == RAMFS_MAGIC || t == TMPFS_MAGIC);
     if !on_ramfs {
         return Ok(());
     }
@@ -134,6 +148,26 @@ fn switch_root() -> Result<(), BootError> {
     mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
         .map_err(err("move /newroot to /"))?;
     nix::unistd::chroot(".").map_err(err("chroot"))?;
+    nix::unistd::chdir("/").map_err(err("chdir /"))?;
+    Ok(())
+}
+
+/// The root is the share: a tmpfs on its agent directory becomes `/`, and
+/// the share moves to [`BOOT_SHARE`] in it.
+fn pivot_off_the_share() -> Result<(), BootError> {
+    let err = |what| move |source| BootError::SwitchRoot { what, source };
+    let new_root = format!("/{SHARE_BOOT_DIR}");
+    mount(
+        Some("tmpfs"),
+        new_root.as_str(),
+        Some("tmpfs"),
+        MsFlags::empty(),
+        Some("mode=0755"),
+    )
+    .map_err(err("mount tmpfs on the share's agent directory"))?;
+    mkdir(&format!("{new_root}{BOOT_SHARE}"), 0o755)?;
+    nix::unistd::chdir(new_root.as_str()).map_err(err("chdir to the new root"))?;
+    nix::unistd::pivot_root(".", &BOOT_SHARE[1..]).map_err(err("pivot_root off the share"))?;
     nix::unistd::chdir("/").map_err(err("chdir /"))?;
     Ok(())
 }
@@ -317,14 +351,29 @@ fn loopback_up() -> std::io::Result<()> {
 /// them (made there, they would be private).
 fn mount_share() -> Result<(), String> {
     mkdir(SHARE_MOUNT, 0o755).map_err(|e| e.to_string())?;
-    mount(
-        Some(SHARE_TAG),
-        SHARE_MOUNT,
-        Some("virtiofs"),
-        MsFlags::empty(),
-        None::<&str>,
-    )
-    .map_err(|e| format!("cannot mount the virtio-fs share {SHARE_TAG:?} on {SHARE_MOUNT}: {e}"))?;
+    if Path::new(BOOT_SHARE).exists() {
+        // Booted from the share: it is mounted already.
+        mount(
+            Some(BOOT_SHARE),
+            SHARE_MOUNT,
+            None::<&str>,
+            MsFlags::MS_MOVE,
+            None::<&str>,
+        )
+        .map_err(|e| format!("cannot move the virtio-fs share to {SHARE_MOUNT}: {e}"))?;
+        let _ = std::fs::remove_dir(BOOT_SHARE);
+    } else {
+        mount(
+            Some(SHARE_TAG),
+            SHARE_MOUNT,
+            Some("virtiofs"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .map_err(|e| {
+            format!("cannot mount the virtio-fs share {SHARE_TAG:?} on {SHARE_MOUNT}: {e}")
+        })?;
+    }
     if let Ok(entries) = std::fs::read_dir(SHARE_MOUNT) {
         for entry in entries.flatten() {
             // Opening (not stat) triggers an automount. A failure only

@@ -53,11 +53,12 @@ pub fn detect_accel() -> (Accel, String) {
     }
 }
 
-/// The guest kernel's command line for a VM on `accel` (the VMM adds its
-/// devices). Shared with the benchmark's raw QEMU floor, which boots the
-/// same kernel the same way.
+/// The guest kernel's command line for a VM on `accel`, before what says
+/// where its root and init are (see [`share_root`]) and the VMM's devices.
+/// Shared with the benchmark's raw QEMU floor, which boots the same kernel
+/// the same way.
 pub fn kernel_cmdline(accel: Accel) -> String {
-    let mut cmdline = String::from("console=ttyS0 reboot=t panic=-1 quiet rdinit=/init");
+    let mut cmdline = String::from("console=ttyS0 reboot=t panic=-1 quiet");
     if accel == Accel::Tcg {
         // Emulated vCPUs on a busy host miss the IO-APIC timer check's
         // window, and the kernel panics ("IO-APIC + timer doesn't work!"):
@@ -75,6 +76,18 @@ pub fn kernel_cmdline(accel: Accel) -> String {
         cmdline.push_str(" noapictimer");
     }
     cmdline
+}
+
+/// Where a container's guest boots from: the virtio-fs share is its root
+/// filesystem and the agent in it its init. No initramfs is loaded,
+/// unpacked and kept in guest RAM: the kernel pages in the parts of the
+/// agent it runs, through virtio-fs, from the host's page cache.
+pub fn share_root() -> String {
+    format!(
+        "root={} rootfstype=virtiofs rw init=/{}",
+        crate::protocol::SHARE_TAG,
+        crate::protocol::SHARE_INIT
+    )
 }
 
 /// The host TSC frequency in kHz, which a guest under TCG needs on its

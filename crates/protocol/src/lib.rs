@@ -34,6 +34,13 @@ pub const SHARE_TAG: &str = "agentvm";
 /// paths below it (root.path = SHARE_MOUNT/rootfs, bind sources =
 /// SHARE_MOUNT/m<N>).
 pub const SHARE_MOUNT: &str = "/run/agentvm/share";
+/// The guest agent's directory in the share (relative to its root): the
+/// guest kernel mounts the share as its root filesystem and runs
+/// [`SHARE_INIT`], which mounts a tmpfs here and makes it the root.
+pub const SHARE_BOOT_DIR: &str = ".agentvm";
+/// The guest agent's binary in the share, read-only (a bind mount of the
+/// host's file).
+pub const SHARE_INIT: &str = ".agentvm/init";
 /// Largest payload either side accepts.
 pub const MAX_PAYLOAD: usize = 1 << 20;
 /// Bytes before the payload.

@@ -55,8 +55,6 @@ pub enum SupervisorError {
     #[error(transparent)]
     Egress(#[from] crate::egress::PolicyError),
     #[error(transparent)]
-    Initramfs(#[from] super::initramfs::InitramfsError),
-    #[error(transparent)]
     State(#[from] crate::state::StateError),
     #[error(transparent)]
     Tty(#[from] tty::TtyError),
@@ -288,6 +286,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     }
     let share_dir = dir.join("share");
     stage::share(&share_dir, &plan.staged)?;
+    stage::agent(&share_dir, host.guest_agent.as_deref())?;
 
     let terminal = spec
         .process()
@@ -307,11 +306,15 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
 
     let listener = super::sock::bind(dir, CONTROL_SOCKET)
         .map_err(io_error("cannot listen on the control socket"))?;
-    let cmdline = super::host::kernel_cmdline(host.accel);
+    let cmdline = format!(
+        "{} {}",
+        super::host::kernel_cmdline(host.accel),
+        super::host::share_root()
+    );
     let config = VmConfig {
         name: state.id.clone(),
         kernel: host.kernel.clone(),
-        initramfs: super::initramfs::for_init(host.guest_agent.as_deref())?,
+        initramfs: None,
         cmdline,
         vcpus: plan.vcpus,
         memory_mib: plan.memory_mib,

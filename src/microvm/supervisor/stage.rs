@@ -204,3 +204,58 @@ pub fn share(share: &Path, staged: &[Staged]) -> Result<(), StageError> {
     }
     Ok(())
 }
+
+/// Puts the guest agent in the share, at `protocol::SHARE_INIT`: a
+/// read-only bind of `agent` (a configured guest agent), or of agentvm's
+/// own binary. The guest kernel runs it from there as its init. Read-only
+/// and a mount point, so the guest can neither write nor replace the
+/// host's file through the share.
+pub fn agent(share: &Path, agent: Option<&Path>) -> Result<(), StageError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = share.join(crate::protocol::SHARE_BOOT_DIR);
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(&dir)
+        .map_err(|source| StageError::Io {
+            what: format!("create {}", dir.display()),
+            source,
+        })?;
+    let target = share.join(crate::protocol::SHARE_INIT);
+    std::fs::File::create(&target).map_err(|source| StageError::Io {
+        what: format!("create {}", target.display()),
+        source,
+    })?;
+    // agentvm's own binary by its path: /proc/self/exe is a file of the
+    // host's mount namespace, which this private one cannot bind from.
+    let own;
+    let source = match agent {
+        Some(a) => a,
+        None => {
+            own = std::env::current_exe().map_err(|source| StageError::Io {
+                what: "find agentvm's own binary".into(),
+                source,
+            })?;
+            own.as_path()
+        }
+    };
+    mount(
+        Some(source),
+        &target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(sys(format!("bind the guest agent {}", source.display())))?;
+    mount(
+        None::<&str>,
+        &target,
+        None::<&str>,
+        MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .map_err(sys(format!("remount {} read-only", target.display())))
+}

@@ -36,7 +36,10 @@ pub struct VmConfig {
     /// on the host tells which container they run.
     pub name: String,
     pub kernel: PathBuf,
-    pub initramfs: PathBuf,
+    /// An initramfs to load beside the kernel; `None` when the guest's
+    /// root is the virtio-fs share (the agent is in it: see
+    /// `protocol::SHARE_INIT`), which the command line then names.
+    pub initramfs: Option<PathBuf>,
     pub cmdline: String,
     pub vcpus: u32,
     pub memory_mib: u64,

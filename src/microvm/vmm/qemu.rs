@@ -165,7 +165,9 @@ impl Qemu {
             tree.bind(&data, false)?;
         }
         tree.bind_as(&config.kernel, Path::new(JAILED_KERNEL))?;
-        tree.bind_as(&config.initramfs, Path::new(JAILED_INITRAMFS))?;
+        if let Some(initramfs) = &config.initramfs {
+            tree.bind_as(initramfs, Path::new(JAILED_INITRAMFS))?;
+        }
         for dev in ["/dev/null", "/dev/zero", "/dev/urandom"] {
             tree.device(Path::new(dev), 0o666, None)?;
         }
@@ -210,8 +212,10 @@ impl Qemu {
         }
         push("-kernel");
         push(JAILED_KERNEL);
-        push("-initrd");
-        push(JAILED_INITRAMFS);
+        if config.initramfs.is_some() {
+            push("-initrd");
+            push(JAILED_INITRAMFS);
+        }
         push("-append");
         push(&config.cmdline);
         // The console log, opened by the supervisor: QEMU takes it from an

@@ -41,6 +41,12 @@ pub enum Mode {
     /// them, then plays the agent of a workload that exits with status 7
     /// right after Start, and powers off on Shutdown.
     SlowHello,
+    /// Booted from the share, tries to change its own init there — the
+    /// host's file: write it, truncate it, chmod it, rename it, unlink it,
+    /// hard-link it. Then plays the agent of a workload whose exit status
+    /// has a bit set per attempt that succeeded (0: all refused; 64: the
+    /// init was not found there to attack).
+    TamperInit,
 }
 
 /// PID 1's entry point.
@@ -58,6 +64,55 @@ pub fn main(mode: Mode) -> ! {
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
+}
+
+/// Each way to change the init file in the share; a bit of the result per
+/// one that worked.
+fn tamper_with_init() -> i32 {
+    use std::os::unix::fs::PermissionsExt;
+    let init = Path::new("/").join(protocol::SHARE_INIT);
+    let moved = init.with_extension("moved");
+    let attempts: [(&str, &dyn Fn() -> std::io::Result<()>); 6] = [
+        ("write", &|| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&init)?
+                .write_all(b"\x7fELF tampered")
+        }),
+        ("truncate", &|| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&init)?
+                .set_len(0)
+        }),
+        ("chmod", &|| {
+            std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o4777))
+        }),
+        ("rename", &|| std::fs::rename(&init, &moved)),
+        ("unlink", &|| std::fs::remove_file(&init)),
+        ("link", &|| std::fs::hard_link(&init, &moved)),
+    ];
+    // The attempts mean something only if the file is there to attack.
+    let mut head = [0u8; 4];
+    let readable = File::open(&init).and_then(|mut f| f.read_exact(&mut head));
+    if readable.is_err() || head != *b"\x7fELF" {
+        say(&format!(
+            "tamper: {} is not this ELF binary ({readable:?})",
+            init.display()
+        ));
+        return 1 << attempts.len();
+    }
+    let mut worked = 0;
+    for (i, (what, attempt)) in attempts.iter().enumerate() {
+        match attempt() {
+            Ok(()) => {
+                say(&format!("tamper {what}: WORKED"));
+                worked |= 1 << i;
+            }
+            Err(e) => say(&format!("tamper {what}: refused ({e})")),
+        }
+    }
+    worked
 }
 
 fn say(line: &str) {
@@ -80,6 +135,11 @@ enum Error {
 fn misbehave(mode: Mode) -> Result<File, Error> {
     mount("devtmpfs", "/dev", "devtmpfs")?;
     mount("sysfs", "/sys", "sysfs")?;
+    let tampered = if mode == Mode::TamperInit {
+        tamper_with_init()
+    } else {
+        0
+    };
     let mut port = open_port()?;
     if mode == Mode::NotAFrame {
         // "GET " read as a little-endian length is 542393671 bytes.
@@ -132,8 +192,9 @@ fn misbehave(mode: Mode) -> Result<File, Error> {
         Mode::BadJson => {
             Frame::data(Kind::Control, 0, br#"{"type":"exit","id":"#).write_to(&mut port)?;
         }
-        Mode::SlowHello => {
-            send(&mut port, &GuestMessage::Exit { id: 0, status: 7 })?;
+        Mode::SlowHello | Mode::TamperInit => {
+            let status = if mode == Mode::SlowHello { 7 } else { tampered };
+            send(&mut port, &GuestMessage::Exit { id: 0, status })?;
             expect(&mut port, "shutdown")?;
             send(&mut port, &GuestMessage::Reply(Reply::Ok))?;
             say("powering off");
@@ -147,6 +208,9 @@ fn misbehave(mode: Mode) -> Result<File, Error> {
 }
 
 fn mount(source: &str, target: &str, fstype: &str) -> Result<(), Error> {
+    // Booted from the share, the root has no /dev or /sys of its own (the
+    // share is the test's throwaway state directory).
+    std::fs::create_dir_all(target).map_err(|e| Error::Setup(format!("mkdir {target}: {e}")))?;
     let c = |s: &str| CString::new(s).map_err(|e| Error::Setup(e.to_string()));
     let (source_c, target_c, fstype_c) = (c(source)?, c(target)?, c(fstype)?);
     // SAFETY: three valid NUL-terminated strings that outlive the call, no

@@ -391,7 +391,7 @@ fn vm_config(kernel: &std::path::Path, vcpus: u32) -> crate::microvm::vmm::VmCon
     crate::microvm::vmm::VmConfig {
         name: "test".into(),
         kernel: kernel.to_path_buf(),
-        initramfs: std::path::PathBuf::new(),
+        initramfs: None,
         cmdline: "console=ttyS0 reboot=k".into(),
         vcpus,
         memory_mib: 32,

@@ -116,8 +116,7 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
     let rng = Arc::new(Mutex::new(Rng::new(entropy)?));
     let (entry, _) = vm.add_virtio(0, rng.clone())?;
     let cmdline = format!("{} {entry}", config.cmdline.trim());
-    let initramfs =
-        (!config.initramfs.as_os_str().is_empty()).then_some(config.initramfs.as_path());
+    let initramfs = config.initramfs.as_deref();
     let start = boot::load(
         &vm.memory,
         &config.kernel,
