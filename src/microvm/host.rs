@@ -180,7 +180,7 @@ impl Host {
 }
 
 /// A configured guest agent must be a regular file (following symlinks):
-/// it is copied into the initramfs as /init.
+/// it is bound read-only into the share as the guest's init.
 fn check_guest_agent(path: &Path) -> Result<(), HostError> {
     let why = match std::fs::metadata(path) {
         Ok(m) if m.is_file() => return Ok(()),

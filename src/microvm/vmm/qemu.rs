@@ -37,7 +37,7 @@ const FIRST_FD: RawFd = 3;
 /// QEMU's root directory, in the run directory (mounted in the
 /// supervisor's namespace only).
 const JAIL_DIR: &str = "qemu-root";
-/// Where the guest's kernel and initramfs are in QEMU's jail.
+/// Where the guest's kernel and initramfs (when it has one) are in QEMU's jail.
 const JAILED_KERNEL: &str = "/vm/kernel";
 const JAILED_INITRAMFS: &str = "/vm/initramfs";
 /// The `-add-fd` set holding the console log.
