@@ -8,7 +8,8 @@
 //! reported) or is gone.
 
 use std::io::{BufRead, BufReader};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use containerd_shim::protos::events::task::TaskOOM;
 use containerd_shim::protos::topics;
@@ -23,9 +24,59 @@ struct Line {
     kind: String,
 }
 
-/// Starts watching container `id` for OOM kills.
-pub fn watch(agentvm: &Agentvm, shared: &Arc<Shared>, id: &str) -> Result<(), RuntimeError> {
+/// A running watch: done once `agentvm events` has ended, i.e. after its
+/// last look at a stopped container.
+#[derive(Default)]
+pub struct Watch {
+    done: Mutex<bool>,
+    ended: Condvar,
+}
+
+impl Watch {
+    fn finish(&self) {
+        *self
+            .done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+        self.ended.notify_all();
+    }
+
+    /// Waits (at most `limit`) for the watch to end, so that the init's
+    /// exit is reported after the OOM kill that caused it.
+    pub fn wait(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let mut done = self
+            .done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while !*done {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                log::warn!(
+                    "agentvm events still running {} ms after the exit",
+                    limit.as_millis()
+                );
+                return;
+            }
+            done = self
+                .ended
+                .wait_timeout(done, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// Starts watching container `id` for OOM kills, counted from its create
+/// on (`--oom-since-create`: a workload killed before the command's first
+/// look is reported too).
+pub fn watch(
+    agentvm: &Agentvm,
+    shared: &Arc<Shared>,
+    id: &str,
+) -> Result<Arc<Watch>, RuntimeError> {
     let mut child = agentvm.spawn_events(id)?;
+    let watch = Arc::new(Watch::default());
     if let Some(stderr) = child.stderr.take() {
         let id = id.to_string();
         std::thread::spawn(move || {
@@ -35,10 +86,12 @@ pub fn watch(agentvm: &Agentvm, shared: &Arc<Shared>, id: &str) -> Result<(), Ru
         });
     }
     let Some(stdout) = child.stdout.take() else {
-        return Ok(());
+        watch.finish();
+        return Ok(watch);
     };
     let shared = Arc::clone(shared);
     let id = id.to_string();
+    let finished = Arc::clone(&watch);
     // The command's exit is reaped by the framework's reaper (and filed
     // as an unclaimed exit): `child` is not waited for.
     std::thread::spawn(move || {
@@ -58,6 +111,7 @@ pub fn watch(agentvm: &Agentvm, shared: &Arc<Shared>, id: &str) -> Result<(), Ru
                 );
             }
         }
+        finished.finish();
     });
-    Ok(())
+    Ok(watch)
 }

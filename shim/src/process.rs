@@ -27,6 +27,9 @@ const UNCLAIMED_EXITS: usize = 256;
 /// it is reported anyway (a background process may keep the terminal).
 const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
 
+/// How long an init's exit waits for the OOM watch's last look.
+const OOM_DRAIN: Duration = Duration::from_secs(3);
+
 /// One process: a container's init or an exec.
 pub struct Process {
     /// Its host pid; 0 for an exec not started yet.
@@ -78,6 +81,8 @@ pub struct Container {
     pub execs: HashMap<String, Exec>,
     /// Whether the shim mounted the rootfs (and so unmounts it).
     pub mounted_rootfs: bool,
+    /// The watch for OOM kills, if it could be started.
+    pub oom: Option<Arc<crate::oom::Watch>>,
 }
 
 impl Container {
@@ -156,30 +161,43 @@ impl Shared {
     /// The process `exec_id` (empty: the init) of container `id` exited
     /// with `code`. With a terminal, the exit is reported once its output
     /// has been copied (so that a client that sees the exit has all of
-    /// it); otherwise at once.
+    /// it); an init's exit, once the OOM watch has had its last look (so
+    /// that an OOM kill is reported before the exit it caused). Otherwise
+    /// at once.
     pub fn process_exited(self: &Arc<Self>, id: &str, exec_id: &str, code: i32) {
-        let console = {
+        let (console, oom) = {
             let mut containers = self.lock();
-            let Some(p) = containers.get_mut(id).and_then(|c| c.process_mut(exec_id)) else {
+            let Some(c) = containers.get_mut(id) else {
+                return;
+            };
+            let oom = if exec_id.is_empty() {
+                c.oom.clone()
+            } else {
+                None
+            };
+            let Some(p) = c.process_mut(exec_id) else {
                 return;
             };
             if p.exit.is_some() || p.exiting {
                 return;
             }
-            p.exiting = p.console.is_some();
-            p.console.clone()
+            p.exiting = p.console.is_some() || oom.is_some();
+            (p.console.clone(), oom)
         };
-        match console {
-            None => self.record_exit(id, exec_id, code),
-            Some(console) => {
-                let shared = Arc::clone(self);
-                let (id, exec_id) = (id.to_string(), exec_id.to_string());
-                std::thread::spawn(move || {
-                    console.wait_output(OUTPUT_DRAIN);
-                    shared.record_exit(&id, &exec_id, code);
-                });
-            }
+        if console.is_none() && oom.is_none() {
+            return self.record_exit(id, exec_id, code);
         }
+        let shared = Arc::clone(self);
+        let (id, exec_id) = (id.to_string(), exec_id.to_string());
+        std::thread::spawn(move || {
+            if let Some(console) = console {
+                console.wait_output(OUTPUT_DRAIN);
+            }
+            if let Some(oom) = oom {
+                oom.wait(OOM_DRAIN);
+            }
+            shared.record_exit(&id, &exec_id, code);
+        });
     }
 
     fn record_exit(&self, id: &str, exec_id: &str, code: i32) {

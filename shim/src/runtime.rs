@@ -211,7 +211,7 @@ impl Agentvm {
     /// gone).
     pub fn spawn_events(&self, id: &str) -> Result<Child, RuntimeError> {
         let mut c = self.command(None);
-        c.args(["events", "--interval", "24h", id])
+        c.args(["events", "--oom-since-create", "--interval", "24h", id])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

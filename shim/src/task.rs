@@ -262,6 +262,10 @@ impl Service {
         let mut init = Process::new(&req.stdin, &req.stdout, &req.stderr, req.terminal);
         init.pid = pid;
         init.console = console;
+        // OOM kills from now on; a container is still usable without.
+        let oom = crate::oom::watch(&self.agentvm, &self.shared, &req.id)
+            .map_err(|e| log::warn!("container {}: OOM kills will not be reported: {e}", req.id))
+            .ok();
         let early = {
             let mut containers = self.shared.lock();
             let early = self.shared.take_unclaimed(&mut containers, pid);
@@ -272,16 +276,13 @@ impl Service {
                     init,
                     execs: Default::default(),
                     mounted_rootfs,
+                    oom,
                 },
             );
             early
         };
         if let Some(code) = early {
             self.shared.process_exited(&req.id, "", code);
-        }
-        // OOM kills from now on; a container is still usable without.
-        if let Err(e) = crate::oom::watch(&self.agentvm, &self.shared, &req.id) {
-            log::warn!("container {}: OOM kills will not be reported: {e}", req.id);
         }
         Ok(pid)
     }

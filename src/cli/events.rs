@@ -5,6 +5,11 @@
 //! until the container stops. The stats are runc 1.1's fields
 //! (`crate::events::Stats`).
 //!
+//! `--oom-since-create` (agentvm's own) reports every kill the container's
+//! cgroup has counted, also those before this command looked first: the
+//! shim starts `events` right after `create`, and a workload killed at once
+//! by its limit may be killed before the first look.
+//!
 //! Beside runc's figures, `data.egress` adds up the container's connection
 //! lines in the audit file (`allowed`, `denied` with the attempts a line
 //! stands for, `bytes_out`, `bytes_in`); the file is read once, then only
@@ -31,6 +36,10 @@ pub struct EventsArgs {
     /// Print the container's stats once and exit
     #[arg(long)]
     pub stats: bool,
+    /// Report every OOM kill the container has had, not only those after
+    /// the first look (agentvm's shim runs events right after create)
+    #[arg(long = "oom-since-create")]
+    pub oom_since_create: bool,
     pub id: String,
 }
 
@@ -87,7 +96,10 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut oom = match tier.oom_watch(ctx, id) {
-        Ok(mut watch) => watch.kills(ctx).ok().map(|seen| (watch, seen)),
+        Ok(mut watch) => watch.kills(ctx).ok().map(|seen| {
+            let seen = if args.oom_since_create { 0 } else { seen };
+            (watch, seen)
+        }),
         Err(e) => {
             tracing::warn!("container {id}: OOM kills are not reported: {e}");
             None
