@@ -339,12 +339,17 @@ both_tiers!(shim_exec_terminal_resize, exec_terminal_resize);
 /// `ctr run -t`: the init's terminal through the console socket at create.
 fn init_terminal_resize(tier: &str) {
     let c = require!(fixture(tier));
+    // Removed by `--rm`; by this guard if the test fails first.
+    let task = Task {
+        c,
+        id: unique_name("shim-init-tty"),
+    };
     let mut ctr = c.ctr_command();
     ctr.args(["run", "-t", "--rm", "--runtime", SHIM_RUNTIME])
         .arg("--annotation")
         .arg(format!("{}={tier}", common::ISOLATION_ANNOTATION))
         .arg(c.busybox_image())
-        .arg(unique_name("shim-init-tty"))
+        .arg(&task.id)
         .args(["sh", "-c"])
         .arg(terminal_script(4));
     resized_terminal(PtySession::spawn(ctr, 24, 80), 4);

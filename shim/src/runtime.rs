@@ -204,14 +204,17 @@ impl Agentvm {
         self.run("events", &["--stats", id])
     }
 
-    /// `agentvm events` running in the background for its `oom` lines:
+    /// `agentvm events` running in the background for its `oom` lines,
+    /// counted from create on, looked for once a second (each look is a
+    /// question to the guest in the microvm tier):
     /// stdout is a pipe to read them from, stderr a pipe of its warnings.
     /// Stats lines come once a day (`--interval`), i.e. practically never;
     /// the command ends by itself once the container has stopped (or is
     /// gone).
     pub fn spawn_events(&self, id: &str) -> Result<Child, RuntimeError> {
         let mut c = self.command(None);
-        c.args(["events", "--oom-since-create", "--interval", "24h", id])
+        c.args(["events", "--oom-since-create", "--oom-interval", "1s"])
+            .args(["--interval", "24h", id])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
