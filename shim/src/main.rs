@@ -6,6 +6,10 @@
 //! that died), and the spawned copy serves containerd's task API over
 //! ttrpc on that socket until containerd shuts it down.
 
+mod console;
+mod metrics;
+mod oom;
+mod process;
 mod runtime;
 mod shim;
 mod stdio;

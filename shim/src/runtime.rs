@@ -15,9 +15,9 @@
 //! `Child::wait` (which would find the child already reaped).
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,16 @@ pub enum RuntimeError {
         what: &'static str,
         detail: String,
     },
+}
+
+/// The files of a process agentvm starts for the shim (`create`, `exec`).
+pub struct ProcessFiles<'a> {
+    /// Where agentvm writes the process's host pid.
+    pub pid_file: &'a Path,
+    /// agentvm's JSON log, where its errors are read from.
+    pub log: &'a Path,
+    /// With a terminal: where agentvm sends the pty's master.
+    pub console_socket: Option<&'a Path>,
 }
 
 /// The stdio a command's process (and, for `create`, the container's
@@ -91,45 +101,126 @@ impl Agentvm {
         c
     }
 
-    /// `agentvm create`: the container's init (or supervisor) gets `stdio`;
-    /// its pid is read back from `pid_file`. Errors are read from `log`,
-    /// since the process's own stderr is the container's.
+    /// `agentvm create`: the container's init (or supervisor) gets `stdio`,
+    /// or with `console_socket` a terminal whose master agentvm sends
+    /// there; its pid is read back from `pid_file`. Errors are read from
+    /// `log`, since the process's own stderr is the container's.
     pub fn create(
         &self,
         id: &str,
         bundle: &Path,
-        pid_file: &Path,
-        log: &Path,
+        files: &ProcessFiles,
         stdio: CreateStdio,
     ) -> Result<i32, RuntimeError> {
-        let mut c = self.command(Some(log));
-        c.arg("create")
-            .arg("--bundle")
-            .arg(bundle)
-            .arg("--pid-file")
-            .arg(pid_file)
+        let mut c = self.command(Some(files.log));
+        c.arg("create").arg("--bundle").arg(bundle);
+        if let Some(socket) = files.console_socket {
+            c.arg("--console-socket").arg(socket);
+        }
+        c.arg("--pid-file")
+            .arg(files.pid_file)
             .arg(id)
             .current_dir(bundle)
             .stdin(stdio.stdin)
             .stdout(stdio.stdout)
             .stderr(stdio.stderr);
-        let code = self.wait(&mut c, "create")?;
+        self.run_for_pid(&mut c, "create", files)
+    }
+
+    /// `agentvm exec --detach --process <file>`: the process described in
+    /// `process` (an OCI `Process`, JSON) starts in container `id` and its
+    /// host pid is read back from the pid file. In the container tier that
+    /// is the process itself, in the microvm tier the relay that carries
+    /// its stdio and ends with its status; either is re-parented to the
+    /// shim once agentvm exits.
+    pub fn exec(
+        &self,
+        id: &str,
+        process: &Path,
+        files: &ProcessFiles,
+        stdio: CreateStdio,
+    ) -> Result<i32, RuntimeError> {
+        let mut c = self.command(Some(files.log));
+        c.arg("exec").arg("--detach").arg("--process").arg(process);
+        if let Some(socket) = files.console_socket {
+            c.arg("--console-socket").arg(socket);
+        }
+        c.arg("--pid-file")
+            .arg(files.pid_file)
+            .arg(id)
+            .stdin(stdio.stdin)
+            .stdout(stdio.stdout)
+            .stderr(stdio.stderr);
+        self.run_for_pid(&mut c, "exec", files)
+    }
+
+    /// Runs `c` (whose stdio belongs to the container) and reads the pid
+    /// it wrote; its errors come from its JSON log.
+    fn run_for_pid(
+        &self,
+        c: &mut Command,
+        name: &str,
+        files: &ProcessFiles,
+    ) -> Result<i32, RuntimeError> {
+        let code = self.wait(c, name)?;
         if code != 0 {
             return Err(RuntimeError::Failed {
-                command: "create".into(),
+                command: name.into(),
                 code,
-                message: last_error(log),
+                message: last_error(files.log),
             });
         }
+        let pid_file = files.pid_file;
         let text = std::fs::read_to_string(pid_file).map_err(|e| RuntimeError::Output {
-            command: "create".into(),
+            command: name.into(),
             what: "a pid file",
             detail: format!("{}: {e}", pid_file.display()),
         })?;
         text.trim().parse().map_err(|e| RuntimeError::Output {
-            command: "create".into(),
+            command: name.into(),
             what: "a pid file",
             detail: format!("{}: {text:?}: {e}", pid_file.display()),
+        })
+    }
+
+    pub fn pause(&self, id: &str) -> Result<(), RuntimeError> {
+        self.run("pause", &[id]).map(drop)
+    }
+
+    pub fn resume(&self, id: &str) -> Result<(), RuntimeError> {
+        self.run("resume", &[id]).map(drop)
+    }
+
+    /// `agentvm update --resources -`: `resources` is the OCI
+    /// `LinuxResources` as JSON, given on stdin.
+    pub fn update(&self, id: &str, resources: &[u8]) -> Result<(), RuntimeError> {
+        self.run_input(&["update", "--resources", "-", id], Some(resources))
+            .map(drop)
+    }
+
+    /// `agentvm events --stats`: one stats line, runc's JSON (in the
+    /// microvm tier the guest's figures).
+    pub fn stats(&self, id: &str) -> Result<Vec<u8>, RuntimeError> {
+        self.run("events", &["--stats", id])
+    }
+
+    /// `agentvm events` running in the background for its `oom` lines,
+    /// counted from create on, looked for once a second (each look is a
+    /// question to the guest in the microvm tier):
+    /// stdout is a pipe to read them from, stderr a pipe of its warnings.
+    /// Stats lines come once a day (`--interval`), i.e. practically never;
+    /// the command ends by itself once the container has stopped (or is
+    /// gone).
+    pub fn spawn_events(&self, id: &str) -> Result<Child, RuntimeError> {
+        let mut c = self.command(None);
+        c.args(["events", "--oom-since-create", "--oom-interval", "1s"])
+            .args(["--interval", "24h", id])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn().map_err(|source| RuntimeError::Spawn {
+            binary: self.binary.clone(),
+            source,
         })
     }
 
@@ -172,13 +263,22 @@ impl Agentvm {
         self.run_args(&all)
     }
 
-    /// Runs `agentvm <args>` with stdout and stderr captured; stdout on
-    /// success, stderr's message on failure.
     fn run_args(&self, args: &[&str]) -> Result<Vec<u8>, RuntimeError> {
+        self.run_input(args, None)
+    }
+
+    /// Runs `agentvm <args>` with `input` on its stdin (else none) and
+    /// stdout and stderr captured; stdout on success, stderr's message on
+    /// failure.
+    fn run_input(&self, args: &[&str], input: Option<&[u8]>) -> Result<Vec<u8>, RuntimeError> {
         let name = args.first().copied().unwrap_or_default().to_string();
         let mut c = self.command(None);
         c.args(args)
-            .stdin(Stdio::null())
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let subscription =
@@ -188,6 +288,15 @@ impl Agentvm {
             source,
         })?;
         let pid = child.id() as i32;
+        // Written by a thread, so that a command that prints before it
+        // reads cannot deadlock against us; dropping the pipe is its end
+        // of file.
+        if let (Some(mut stdin), Some(input)) = (child.stdin.take(), input) {
+            let input = input.to_vec();
+            std::thread::spawn(move || {
+                let _ = stdin.write_all(&input);
+            });
+        }
         // Both pipes are drained at once so that neither fills and blocks
         // the command.
         let stderr_reader = child.stderr.take().map(|mut e| {

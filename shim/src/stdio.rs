@@ -37,8 +37,6 @@ pub enum StdioError {
         #[source]
         source: nix::Error,
     },
-    #[error("a terminal was asked for: not implemented yet in the agentvm shim (console socket and resize are phase 2)")]
-    Terminal,
 }
 
 /// The three streams as containerd named them.
@@ -46,15 +44,12 @@ pub struct Paths<'a> {
     pub stdin: &'a str,
     pub stdout: &'a str,
     pub stderr: &'a str,
-    pub terminal: bool,
 }
 
-/// Opens the streams for `agentvm create`, whose child (the container's
-/// init) inherits them.
+/// Opens the streams for `agentvm create` or `exec`, whose child (the
+/// container's process, or the microvm tier's exec relay) inherits them.
+/// (With a terminal the process's stdio is the pty: see `console.rs`.)
 pub fn open(paths: &Paths) -> Result<CreateStdio, StdioError> {
-    if paths.terminal {
-        return Err(StdioError::Terminal);
-    }
     Ok(CreateStdio {
         stdin: if paths.stdin.is_empty() {
             Stdio::null()
@@ -66,10 +61,24 @@ pub fn open(paths: &Paths) -> Result<CreateStdio, StdioError> {
     })
 }
 
+/// Stdio for no stream at all.
+pub fn none() -> CreateStdio {
+    CreateStdio {
+        stdin: Stdio::null(),
+        stdout: Stdio::null(),
+        stderr: Stdio::null(),
+    }
+}
+
 fn output(path: &str, stream: &'static str) -> Result<Stdio, StdioError> {
     if path.is_empty() {
         return Ok(Stdio::null());
     }
+    Ok(Stdio::from(output_file(path, stream)?))
+}
+
+/// The FIFO at `path` opened for writing, blocking.
+pub fn output_file(path: &str, stream: &'static str) -> Result<File, StdioError> {
     let open_err = |source| StdioError::Open {
         stream,
         path: PathBuf::from(path),
@@ -93,7 +102,7 @@ fn output(path: &str, stream: &'static str) -> Result<Stdio, StdioError> {
         Err(e) => return Err(open_err(e)),
     };
     blocking(&file, stream)?;
-    Ok(Stdio::from(file))
+    Ok(file)
 }
 
 /// Clears O_NONBLOCK: the container expects ordinary blocking writes.

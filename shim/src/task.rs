@@ -1,57 +1,85 @@
 //! containerd's task service (`containerd.task.v2.Task`) over agentvm.
 //!
 //! Each container is created and started by the `agentvm` binary
-//! ([`crate::runtime`]); the shim keeps what containerd asks about (pid,
-//! status, exit status, stdio paths) and learns of exits from the shim
-//! framework's reaper, since the container's init is re-parented to the
-//! shim. The tier is picked by agentvm itself from the bundle's annotation
-//! or its config file, exactly as under runc's shim.
+//! ([`crate::runtime`]), and so is each exec (`agentvm exec --detach`);
+//! the shim keeps what containerd asks about (pids, statuses, exit
+//! statuses, stdio paths, terminals) in [`crate::process`] and learns of
+//! exits from the shim framework's reaper. The tier is picked by agentvm
+//! itself from the bundle's annotation or its config file, exactly as
+//! under runc's shim.
 //!
-//! Methods not implemented yet answer UNIMPLEMENTED with the feature's
-//! name, never a pretend success.
+//! What is not implemented (checkpoints) answers UNIMPLEMENTED with the
+//! feature's name, never a pretend success.
 
-use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use containerd_shim::api::{
-    ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse, DeleteRequest,
-    DeleteResponse, Empty, KillRequest, PidsRequest, PidsResponse, ShutdownRequest, StartRequest,
-    StartResponse, StateRequest, StateResponse, Status, WaitRequest, WaitResponse,
+    CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
+    DeleteRequest, DeleteResponse, Empty, ExecProcessRequest, KillRequest, PauseRequest,
+    PidsRequest, PidsResponse, ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest,
+    StartResponse, StateRequest, StateResponse, StatsRequest, StatsResponse, Status,
+    UpdateTaskRequest, WaitRequest, WaitResponse,
 };
-use containerd_shim::monitor::{monitor_subscribe, Subject, Topic};
-use containerd_shim::protos::events::task::{TaskCreate, TaskDelete, TaskExit, TaskIO, TaskStart};
+use containerd_shim::protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskIO, TaskPaused, TaskResumed,
+    TaskStart,
+};
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
-use containerd_shim::protos::protobuf::{MessageDyn, MessageField};
+use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::protos::topics;
 use containerd_shim::protos::ttrpc::{self, Code};
 use containerd_shim::protos::types::task::ProcessInfo;
 use containerd_shim::publisher::RemotePublisher;
-use containerd_shim::{Context, ExitSignal, TtrpcContext, TtrpcResult};
+use containerd_shim::{ExitSignal, TtrpcContext, TtrpcResult};
 
-use crate::runtime::{Agentvm, RuntimeError};
+use crate::console::{Console, ConsoleError, ConsoleSocket};
+use crate::metrics::{self, CgroupMode, MetricsError};
+use crate::process::{self, Container, Exec, Process, Shared};
+use crate::runtime::{Agentvm, CreateStdio, ProcessFiles, RuntimeError};
 use crate::stdio::{self, StdioError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
     #[error("container {0} does not exist in this shim")]
     NotFound(String),
-    #[error("process already finished: container {0} has exited")]
+    #[error("exec process {exec_id} does not exist in container {id}")]
+    ExecNotFound { id: String, exec_id: String },
+    #[error("process already finished: {0} has exited")]
     Finished(String),
-    #[error("container {0} already exists in this shim")]
+    #[error("{0} already exists in this shim")]
     Exists(String),
     #[error("{what}: not implemented yet in the agentvm shim")]
     NotImplemented { what: String },
-    #[error("container {id} is {state}: {why}")]
+    #[error("{what} is {state}: {why}")]
     State {
-        id: String,
+        what: String,
         state: &'static str,
         why: &'static str,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("cannot signal {what} (pid {pid}): {source}")]
+    Signal {
+        what: String,
+        pid: u32,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
     },
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
     Stdio(#[from] StdioError),
+    #[error(transparent)]
+    Console(#[from] ConsoleError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
     #[error("cannot mount the rootfs {index} ({kind}) on {target}: {detail}")]
     Mount {
         index: usize,
@@ -64,11 +92,13 @@ pub enum TaskError {
 impl From<TaskError> for ttrpc::Error {
     fn from(e: TaskError) -> ttrpc::Error {
         let code = match &e {
-            TaskError::NotFound(_) | TaskError::Finished(_) => Code::NOT_FOUND,
+            TaskError::NotFound(_) | TaskError::ExecNotFound { .. } | TaskError::Finished(_) => {
+                Code::NOT_FOUND
+            }
             TaskError::Exists(_) => Code::ALREADY_EXISTS,
             TaskError::NotImplemented { .. } => Code::UNIMPLEMENTED,
             TaskError::State { .. } => Code::FAILED_PRECONDITION,
-            TaskError::Stdio(StdioError::Terminal) => Code::UNIMPLEMENTED,
+            TaskError::Invalid(_) => Code::INVALID_ARGUMENT,
             _ => Code::INTERNAL,
         };
         ttrpc::Error::RpcStatus(ttrpc::get_status(code, e.to_string()))
@@ -82,61 +112,13 @@ fn not_implemented<T>(what: &str) -> TtrpcResult<T> {
     .into())
 }
 
-/// What the shim knows of one container.
-struct Container {
-    bundle: PathBuf,
-    pid: u32,
-    status: Status,
-    stdin: String,
-    stdout: String,
-    stderr: String,
-    /// Set once the init has exited: its status and when.
-    exit: Option<(u32, Timestamp)>,
-    /// Whether the shim mounted the rootfs (and so unmounts it).
-    mounted_rootfs: bool,
-}
-
-struct Shared {
-    containers: Mutex<HashMap<String, Container>>,
-    /// Notified on every exit, for `wait`.
-    exited: Condvar,
-    publisher: RemotePublisher,
-    namespace: String,
-    /// Exits of pids no container had (yet): an init that dies between
-    /// `agentvm create`'s return and the shim's record of it is found
-    /// here. Locked after `containers`, never before.
-    unclaimed: Mutex<VecDeque<(i32, i32)>>,
-}
-
-/// How many unclaimed exits are kept (most are the shim's own `agentvm`
-/// commands).
-const UNCLAIMED_EXITS: usize = 256;
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Container>> {
-        // A panic while holding the lock leaves plain data behind: keep it.
-        self.containers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The exit status of `pid` if it exited before a container claimed it.
-    fn take_unclaimed(&self, pid: i32) -> Option<i32> {
-        let mut unclaimed = self
-            .unclaimed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let at = unclaimed.iter().position(|(p, _)| *p == pid)?;
-        unclaimed.remove(at).map(|(_, code)| code)
-    }
-
-    fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
-        if let Err(e) = self
-            .publisher
-            .publish(Context::default(), topic, &self.namespace, event)
-        {
-            log::warn!("cannot publish {topic} to containerd: {e}");
-        }
+/// How containerd names a process in messages: the container, or one of
+/// its execs.
+fn describe(id: &str, exec_id: &str) -> String {
+    if exec_id.is_empty() {
+        format!("container {id}")
+    } else {
+        format!("exec process {exec_id} of container {id}")
     }
 }
 
@@ -144,6 +126,73 @@ pub struct Service {
     shared: Arc<Shared>,
     agentvm: Agentvm,
     exit: Arc<ExitSignal>,
+    cgroup_mode: CgroupMode,
+}
+
+/// A process's stdio as agentvm is given it: the FIFOs, or (with a
+/// terminal) nothing but a console socket to send the pty's master to.
+struct Streams {
+    stdio: CreateStdio,
+    console_socket: Option<ConsoleSocket>,
+}
+
+impl Streams {
+    fn open(stdin: &str, stdout: &str, stderr: &str, terminal: bool) -> Result<Streams, TaskError> {
+        if terminal {
+            return Ok(Streams {
+                stdio: stdio::none(),
+                console_socket: Some(ConsoleSocket::new()?),
+            });
+        }
+        Ok(Streams {
+            stdio: stdio::open(&stdio::Paths {
+                stdin,
+                stdout,
+                stderr,
+            })?,
+            console_socket: None,
+        })
+    }
+
+    /// Once agentvm has returned: the terminal it sent, copied to and from
+    /// the FIFOs.
+    fn console(
+        socket: Option<&ConsoleSocket>,
+        stdin: &str,
+        stdout: &str,
+    ) -> Result<Option<Arc<Console>>, TaskError> {
+        let Some(socket) = socket else {
+            return Ok(None);
+        };
+        let master = socket.receive()?;
+        Ok(Some(Console::start(master, stdin, stdout)?))
+    }
+}
+
+fn to_pid(pid: i32, command: &str) -> Result<u32, RuntimeError> {
+    u32::try_from(pid).map_err(|_| RuntimeError::Output {
+        command: command.into(),
+        what: "a pid file",
+        detail: format!("negative pid {pid}"),
+    })
+}
+
+/// containerd checks exec ids (letters, digits, `._-`); they name files in
+/// the bundle here, so they are checked again.
+fn check_exec_id(exec_id: &str) -> Result<(), TaskError> {
+    let fine = !exec_id.is_empty()
+        && exec_id.len() <= 76
+        && !exec_id.starts_with('.')
+        && exec_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if fine {
+        Ok(())
+    } else {
+        Err(TaskError::Invalid(format!(
+            "invalid exec id {exec_id:?}: letters, digits, '.', '_' and '-' only"
+        )))
+    }
 }
 
 impl Service {
@@ -153,24 +202,19 @@ impl Service {
         agentvm: Agentvm,
         exit: Arc<ExitSignal>,
     ) -> Service {
-        let shared = Arc::new(Shared {
-            containers: Mutex::new(HashMap::new()),
-            exited: Condvar::new(),
-            publisher,
-            namespace: namespace.to_string(),
-            unclaimed: Mutex::new(VecDeque::new()),
-        });
-        watch_exits(Arc::clone(&shared));
+        let shared = Shared::new(publisher, namespace);
+        process::watch_exits(Arc::clone(&shared));
         Service {
             shared,
             agentvm,
             exit,
+            cgroup_mode: CgroupMode::of_host(),
         }
     }
 
     fn create_task(&self, req: &CreateTaskRequest) -> Result<u32, TaskError> {
         if self.shared.lock().contains_key(&req.id) {
-            return Err(TaskError::Exists(req.id.clone()));
+            return Err(TaskError::Exists(format!("container {}", req.id)));
         }
         if !req.checkpoint.is_empty() || !req.parent_checkpoint.is_empty() {
             return Err(TaskError::NotImplemented {
@@ -178,63 +222,67 @@ impl Service {
             });
         }
         let bundle = PathBuf::from(&req.bundle);
-        let stdio = stdio::open(&stdio::Paths {
-            stdin: &req.stdin,
-            stdout: &req.stdout,
-            stderr: &req.stderr,
-            terminal: req.terminal,
-        })?;
+        let streams = Streams::open(&req.stdin, &req.stdout, &req.stderr, req.terminal)?;
         let mounted_rootfs = mount_rootfs(req, &bundle)?;
+        let undo_mount = || {
+            if mounted_rootfs {
+                unmount_rootfs(&bundle);
+            }
+        };
+        let socket = streams.console_socket.as_ref();
         let created = self.agentvm.create(
             &req.id,
             &bundle,
-            &bundle.join("init.pid"),
-            &bundle.join("agentvm-log.json"),
-            stdio,
+            &ProcessFiles {
+                pid_file: &bundle.join("init.pid"),
+                log: &bundle.join("agentvm-log.json"),
+                console_socket: socket.map(ConsoleSocket::path),
+            },
+            streams.stdio,
         );
-        let pid = match created {
+        let pid = match created
+            .map_err(TaskError::from)
+            .and_then(|pid| Ok(to_pid(pid, "create")?))
+        {
             Ok(pid) => pid,
             Err(e) => {
-                if mounted_rootfs {
-                    unmount_rootfs(&bundle);
-                }
-                return Err(e.into());
+                undo_mount();
+                return Err(e);
             }
         };
-        let pid = u32::try_from(pid).map_err(|_| RuntimeError::Output {
-            command: "create".into(),
-            what: "a pid file",
-            detail: format!("negative pid {pid}"),
-        })?;
-        let mut containers = self.shared.lock();
-        let early = i32::try_from(pid)
-            .ok()
-            .and_then(|p| self.shared.take_unclaimed(p))
-            .map(|code| (exit_status(code), Timestamp::now()));
-        let container = Container {
-            bundle,
-            pid,
-            status: if early.is_some() {
-                Status::STOPPED
-            } else {
-                Status::CREATED
-            },
-            stdin: req.stdin.clone(),
-            stdout: req.stdout.clone(),
-            stderr: req.stderr.clone(),
-            exit: early,
-            mounted_rootfs,
+        let console = match Streams::console(socket, &req.stdin, &req.stdout) {
+            Ok(console) => console,
+            Err(e) => {
+                // The container exists but its terminal is lost: remove it.
+                let _ = self.agentvm.delete(&req.id, true);
+                undo_mount();
+                return Err(e);
+            }
         };
-        let exit = container
-            .exit
-            .as_ref()
-            .map(|(status, at)| task_exit(&req.id, pid, *status, at));
-        containers.insert(req.id.clone(), container);
-        drop(containers);
-        if let Some(exit) = exit {
-            self.shared.exited.notify_all();
-            self.shared
-                .publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(exit));
+        let mut init = Process::new(&req.stdin, &req.stdout, &req.stderr, req.terminal);
+        init.pid = pid;
+        init.console = console;
+        // OOM kills from now on; a container is still usable without.
+        let oom = crate::oom::watch(&self.agentvm, &self.shared, &req.id)
+            .map_err(|e| log::warn!("container {}: OOM kills will not be reported: {e}", req.id))
+            .ok();
+        let early = {
+            let mut containers = self.shared.lock();
+            let early = self.shared.take_unclaimed(&mut containers, pid);
+            containers.insert(
+                req.id.clone(),
+                Container {
+                    bundle,
+                    init,
+                    execs: Default::default(),
+                    mounted_rootfs,
+                    oom,
+                },
+            );
+            early
+        };
+        if let Some(code) = early {
+            self.shared.process_exited(&req.id, "", code);
         }
         Ok(pid)
     }
@@ -247,13 +295,329 @@ impl Service {
             .ok_or_else(|| TaskError::NotFound(id.to_string()))?;
         Ok(f(c))
     }
-}
 
-fn no_exec(exec_id: &str, method: &str) -> TtrpcResult<()> {
-    if exec_id.is_empty() {
+    /// The process `exec_id` (empty: the init) of container `id` must
+    /// exist; `f` reads it under the lock.
+    fn with_process<T>(
+        &self,
+        id: &str,
+        exec_id: &str,
+        f: impl FnOnce(&mut Process) -> T,
+    ) -> Result<T, TaskError> {
+        let mut containers = self.shared.lock();
+        let c = containers
+            .get_mut(id)
+            .ok_or_else(|| TaskError::NotFound(id.to_string()))?;
+        let p = c
+            .process_mut(exec_id)
+            .ok_or_else(|| TaskError::ExecNotFound {
+                id: id.to_string(),
+                exec_id: exec_id.to_string(),
+            })?;
+        Ok(f(p))
+    }
+
+    fn start_init(&self, id: &str) -> Result<u32, TaskError> {
+        let (pid, status) = self.with(id, |c| (c.init.pid, c.init.status))?;
+        if status != Status::CREATED {
+            return Err(TaskError::State {
+                what: describe(id, ""),
+                state: status_name(status),
+                why: "only a created container can be started",
+            });
+        }
+        self.agentvm.start(id)?;
+        // The init may have run and exited already: keep STOPPED then.
+        self.with(id, |c| {
+            if c.init.exit.is_none() && !c.init.exiting {
+                c.init.status = Status::RUNNING;
+            }
+        })?;
+        self.shared.publish(
+            topics::TASK_START_EVENT_TOPIC,
+            Box::new(TaskStart {
+                container_id: id.to_string(),
+                pid,
+                ..Default::default()
+            }),
+        );
+        Ok(pid)
+    }
+
+    /// `Exec`: recorded only; agentvm runs it at `Start`, as runc's shim.
+    fn add_exec(&self, req: &ExecProcessRequest) -> Result<(), TaskError> {
+        check_exec_id(&req.exec_id)?;
+        let spec = req
+            .spec
+            .as_ref()
+            .map(|any| any.value.clone())
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| {
+                TaskError::Invalid(format!("exec {}: no process spec given", req.exec_id))
+            })?;
+        let mut containers = self.shared.lock();
+        let c = containers
+            .get_mut(&req.id)
+            .ok_or_else(|| TaskError::NotFound(req.id.clone()))?;
+        if c.execs.contains_key(&req.exec_id) {
+            return Err(TaskError::Exists(describe(&req.id, &req.exec_id)));
+        }
+        if c.init.exit.is_some() || c.init.exiting {
+            return Err(TaskError::State {
+                what: describe(&req.id, ""),
+                state: "stopped",
+                why: "cannot exec in a stopped container",
+            });
+        }
+        c.execs.insert(
+            req.exec_id.clone(),
+            Exec {
+                process: Process::new(&req.stdin, &req.stdout, &req.stderr, req.terminal),
+                spec,
+            },
+        );
         Ok(())
-    } else {
-        not_implemented(&format!("{method} of an exec process ({exec_id}): exec"))
+    }
+
+    /// `Start` of an exec: `agentvm exec --detach`, its stdio the FIFOs or
+    /// a terminal.
+    fn start_exec(&self, id: &str, exec_id: &str) -> Result<u32, TaskError> {
+        let (bundle, spec, stdin, stdout, stderr, terminal) = {
+            let mut containers = self.shared.lock();
+            let c = containers
+                .get_mut(id)
+                .ok_or_else(|| TaskError::NotFound(id.to_string()))?;
+            let bundle = c.bundle.clone();
+            let e = c
+                .execs
+                .get_mut(exec_id)
+                .ok_or_else(|| TaskError::ExecNotFound {
+                    id: id.to_string(),
+                    exec_id: exec_id.to_string(),
+                })?;
+            let p = &e.process;
+            if p.status != Status::CREATED || p.pid != 0 {
+                return Err(TaskError::State {
+                    what: describe(id, exec_id),
+                    state: status_name(p.status),
+                    why: "only a created exec process can be started",
+                });
+            }
+            // Marked as being started, so that a second Start is refused.
+            e.process.status = Status::UNKNOWN;
+            let p = &e.process;
+            (
+                bundle,
+                e.spec.clone(),
+                p.stdin.clone(),
+                p.stdout.clone(),
+                p.stderr.clone(),
+                p.terminal,
+            )
+        };
+        let started = self.run_exec(
+            id,
+            exec_id,
+            &bundle,
+            &spec,
+            (&stdin, &stdout, &stderr),
+            terminal,
+        );
+        let (pid, console) = match started {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = self.with_process(id, exec_id, |p| p.status = Status::CREATED);
+                return Err(e);
+            }
+        };
+        let early = {
+            let mut containers = self.shared.lock();
+            let early = self.shared.take_unclaimed(&mut containers, pid);
+            if let Some(p) = containers.get_mut(id).and_then(|c| c.process_mut(exec_id)) {
+                p.pid = pid;
+                p.status = Status::RUNNING;
+                p.console = console;
+            }
+            early
+        };
+        if let Some(code) = early {
+            self.shared.process_exited(id, exec_id, code);
+        }
+        self.shared.publish(
+            topics::TASK_EXEC_STARTED_EVENT_TOPIC,
+            Box::new(TaskExecStarted {
+                container_id: id.to_string(),
+                exec_id: exec_id.to_string(),
+                pid,
+                ..Default::default()
+            }),
+        );
+        Ok(pid)
+    }
+
+    fn run_exec(
+        &self,
+        id: &str,
+        exec_id: &str,
+        bundle: &Path,
+        spec: &[u8],
+        (stdin, stdout, stderr): (&str, &str, &str),
+        terminal: bool,
+    ) -> Result<(u32, Option<Arc<Console>>), TaskError> {
+        let process_file = bundle.join(format!("exec-{exec_id}.json"));
+        std::fs::write(&process_file, spec).map_err(|source| TaskError::Write {
+            path: process_file.clone(),
+            source,
+        })?;
+        let streams = Streams::open(stdin, stdout, stderr, terminal)?;
+        let socket = streams.console_socket.as_ref();
+        let pid = self.agentvm.exec(
+            id,
+            &process_file,
+            &ProcessFiles {
+                pid_file: &bundle.join(format!("exec-{exec_id}.pid")),
+                log: &bundle.join("agentvm-log.json"),
+                console_socket: socket.map(ConsoleSocket::path),
+            },
+            streams.stdio,
+        )?;
+        let pid = to_pid(pid, "exec")?;
+        match Streams::console(socket, stdin, stdout) {
+            Ok(console) => Ok((pid, console)),
+            Err(e) => {
+                // Started without its terminal: end it rather than leave
+                // it unreachable.
+                if let Ok(p) = i32::try_from(pid) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(p),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn kill_exec(&self, id: &str, exec_id: &str, signal: u32) -> Result<(), TaskError> {
+        let (pid, exited) = self.with_process(id, exec_id, |p| (p.pid, p.exit.is_some()))?;
+        if exited {
+            return Err(TaskError::Finished(describe(id, exec_id)));
+        }
+        if pid == 0 {
+            return Err(TaskError::State {
+                what: describe(id, exec_id),
+                state: "created",
+                why: "it has not been started",
+            });
+        }
+        let signal = i32::try_from(signal)
+            .ok()
+            .and_then(|s| nix::sys::signal::Signal::try_from(s).ok())
+            .ok_or_else(|| TaskError::Invalid(format!("invalid signal {signal}")))?;
+        let raw = i32::try_from(pid).map_err(|_| TaskError::Invalid(format!("pid {pid}")))?;
+        // As runc's shim: an exec is signalled directly. In the microvm
+        // tier the pid is the relay, which forwards catchable signals to
+        // the guest process; SIGKILL ends the relay, and the supervisor
+        // kills the guest process whose relay went away.
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), signal).map_err(|source| {
+            TaskError::Signal {
+                what: describe(id, exec_id),
+                pid,
+                source,
+            }
+        })
+    }
+
+    fn delete_exec(&self, id: &str, exec_id: &str) -> Result<DeleteResponse, TaskError> {
+        let mut containers = self.shared.lock();
+        let c = containers
+            .get_mut(id)
+            .ok_or_else(|| TaskError::NotFound(id.to_string()))?;
+        let bundle = c.bundle.clone();
+        let e = c
+            .execs
+            .get(exec_id)
+            .ok_or_else(|| TaskError::ExecNotFound {
+                id: id.to_string(),
+                exec_id: exec_id.to_string(),
+            })?;
+        let p = &e.process;
+        if p.exit.is_none() && p.status != Status::CREATED {
+            return Err(TaskError::State {
+                what: describe(id, exec_id),
+                state: status_name(p.status),
+                why: "a running exec process cannot be deleted",
+            });
+        }
+        let (status, at) = p.exit.clone().unwrap_or_else(|| (0, Timestamp::now()));
+        let pid = p.pid;
+        c.execs.remove(exec_id);
+        drop(containers);
+        for file in [
+            format!("exec-{exec_id}.json"),
+            format!("exec-{exec_id}.pid"),
+        ] {
+            let _ = std::fs::remove_file(bundle.join(file));
+        }
+        Ok(DeleteResponse {
+            pid,
+            exit_status: status,
+            exited_at: MessageField::some(at),
+            ..Default::default()
+        })
+    }
+
+    fn set_paused(&self, id: &str, paused: bool) -> Result<(), TaskError> {
+        let (want, verb) = if paused {
+            (Status::RUNNING, "pause")
+        } else {
+            (Status::PAUSED, "resume")
+        };
+        let status = self.with(id, |c| c.init.status)?;
+        if status != want {
+            return Err(TaskError::State {
+                what: describe(id, ""),
+                state: status_name(status),
+                why: if paused {
+                    "only a running container can be paused"
+                } else {
+                    "only a paused container can be resumed"
+                },
+            });
+        }
+        if paused {
+            self.agentvm.pause(id)?;
+        } else {
+            self.agentvm.resume(id)?;
+        }
+        self.with(id, |c| {
+            if c.init.exit.is_none() && !c.init.exiting {
+                c.init.status = if paused {
+                    Status::PAUSED
+                } else {
+                    Status::RUNNING
+                };
+            }
+        })?;
+        log::info!("container {id}: {verb}d");
+        if paused {
+            self.shared.publish(
+                topics::TASK_PAUSED_EVENT_TOPIC,
+                Box::new(TaskPaused {
+                    container_id: id.to_string(),
+                    ..Default::default()
+                }),
+            );
+        } else {
+            self.shared.publish(
+                topics::TASK_RESUMED_EVENT_TOPIC,
+                Box::new(TaskResumed {
+                    container_id: id.to_string(),
+                    ..Default::default()
+                }),
+            );
+        }
+        Ok(())
     }
 }
 
@@ -292,72 +656,6 @@ fn unmount_rootfs(bundle: &Path) {
     if let Err(e) = nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH) {
         log::warn!("cannot unmount {}: {e}", target.display());
     }
-}
-
-/// A status as containerd reports it: the reaper's exit code, or 128 plus
-/// the signal that killed the process.
-fn exit_status(code: i32) -> u32 {
-    u32::try_from(code).unwrap_or(255)
-}
-
-fn task_exit(id: &str, pid: u32, status: u32, at: &Timestamp) -> TaskExit {
-    TaskExit {
-        container_id: id.to_string(),
-        id: id.to_string(),
-        pid,
-        exit_status: status,
-        exited_at: MessageField::some(at.clone()),
-        ..Default::default()
-    }
-}
-
-/// Records each container init's exit (the framework's reaper reports
-/// every child's), wakes `wait` and tells containerd.
-fn watch_exits(shared: Arc<Shared>) {
-    let subscription = match monitor_subscribe(Topic::Pid) {
-        Ok(s) => s,
-        Err(e) => {
-            log::error!("cannot watch exits: {e}");
-            return;
-        }
-    };
-    std::thread::spawn(move || {
-        for event in subscription.rx.iter() {
-            let Subject::Pid(pid) = event.subject else {
-                continue;
-            };
-            let mut exits = Vec::new();
-            {
-                let mut containers = shared.lock();
-                for (id, c) in containers.iter_mut() {
-                    if c.exit.is_none() && i64::from(c.pid) == i64::from(pid) {
-                        let status = exit_status(event.exit_code);
-                        let at = Timestamp::now();
-                        exits.push(task_exit(id, c.pid, status, &at));
-                        c.exit = Some((status, at));
-                        c.status = Status::STOPPED;
-                    }
-                }
-                if exits.is_empty() {
-                    let mut unclaimed = shared
-                        .unclaimed
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if unclaimed.len() >= UNCLAIMED_EXITS {
-                        unclaimed.pop_front();
-                    }
-                    unclaimed.push_back((pid, event.exit_code));
-                }
-            }
-            if exits.is_empty() {
-                continue;
-            }
-            shared.exited.notify_all();
-            for exit in exits {
-                shared.publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(exit));
-            }
-        }
-    });
 }
 
 fn status_name(s: Status) -> &'static str {
@@ -402,31 +700,11 @@ impl containerd_shim::Task for Service {
     }
 
     fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> TtrpcResult<StartResponse> {
-        no_exec(&req.exec_id, "start")?;
-        let (pid, status) = self.with(&req.id, |c| (c.pid, c.status))?;
-        if status != Status::CREATED {
-            return Err(TaskError::State {
-                id: req.id,
-                state: status_name(status),
-                why: "only a created container can be started",
-            }
-            .into());
-        }
-        self.agentvm.start(&req.id).map_err(TaskError::from)?;
-        // The init may have run and exited already: keep STOPPED then.
-        self.with(&req.id, |c| {
-            if c.exit.is_none() {
-                c.status = Status::RUNNING;
-            }
-        })?;
-        self.shared.publish(
-            topics::TASK_START_EVENT_TOPIC,
-            Box::new(TaskStart {
-                container_id: req.id.clone(),
-                pid,
-                ..Default::default()
-            }),
-        );
+        let pid = if req.exec_id.is_empty() {
+            self.start_init(&req.id)?
+        } else {
+            self.start_exec(&req.id, &req.exec_id)?
+        };
         Ok(StartResponse {
             pid,
             ..Default::default()
@@ -434,20 +712,31 @@ impl containerd_shim::Task for Service {
     }
 
     fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> TtrpcResult<StateResponse> {
-        no_exec(&req.exec_id, "state")?;
-        let resp = self.with(&req.id, |c| StateResponse {
-            id: req.id.clone(),
-            bundle: c.bundle.to_string_lossy().into_owned(),
-            pid: c.pid,
-            status: c.status.into(),
-            stdin: c.stdin.clone(),
-            stdout: c.stdout.clone(),
-            stderr: c.stderr.clone(),
-            terminal: false,
-            exit_status: c.exit.as_ref().map_or(0, |(s, _)| *s),
-            exited_at: c.exit.as_ref().map_or(MessageField::none(), |(_, at)| {
+        let bundle = self.with(&req.id, |c| c.bundle.to_string_lossy().into_owned())?;
+        let resp = self.with_process(&req.id, &req.exec_id, |p| StateResponse {
+            id: if req.exec_id.is_empty() {
+                req.id.clone()
+            } else {
+                req.exec_id.clone()
+            },
+            bundle,
+            pid: p.pid,
+            // Being started: not running yet.
+            status: if p.status == Status::UNKNOWN {
+                Status::CREATED
+            } else {
+                p.status
+            }
+            .into(),
+            stdin: p.stdin.clone(),
+            stdout: p.stdout.clone(),
+            stderr: p.stderr.clone(),
+            terminal: p.terminal,
+            exit_status: p.exit.as_ref().map_or(0, |(s, _)| *s),
+            exited_at: p.exit.as_ref().map_or(MessageField::none(), |(_, at)| {
                 MessageField::some(at.clone())
             }),
+            exec_id: req.exec_id.clone(),
             ..Default::default()
         })?;
         Ok(resp)
@@ -469,12 +758,15 @@ impl containerd_shim::Task for Service {
     }
 
     fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
-        no_exec(&req.exec_id, "kill")?;
-        let exited = self.with(&req.id, |c| c.exit.is_some())?;
+        if !req.exec_id.is_empty() {
+            self.kill_exec(&req.id, &req.exec_id, req.signal)?;
+            return Ok(Empty::new());
+        }
+        let exited = self.with(&req.id, |c| c.init.exit.is_some())?;
         if exited {
             // As runc's shim: NOT_FOUND, which containerd's callers (CRI's
             // StopContainer) take as "already stopped".
-            return Err(TaskError::Finished(req.id).into());
+            return Err(TaskError::Finished(describe(&req.id, "")).into());
         }
         self.agentvm
             .kill(&req.id, req.signal, req.all)
@@ -483,13 +775,18 @@ impl containerd_shim::Task for Service {
     }
 
     fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> TtrpcResult<WaitResponse> {
-        no_exec(&req.exec_id, "wait")?;
         let mut containers = self.shared.lock();
         loop {
             let c = containers
                 .get(&req.id)
                 .ok_or_else(|| TaskError::NotFound(req.id.clone()))?;
-            if let Some((status, at)) = &c.exit {
+            let p = c
+                .process(&req.exec_id)
+                .ok_or_else(|| TaskError::ExecNotFound {
+                    id: req.id.clone(),
+                    exec_id: req.exec_id.clone(),
+                })?;
+            if let Some((status, at)) = &p.exit {
                 return Ok(WaitResponse {
                     exit_status: *status,
                     exited_at: MessageField::some(at.clone()),
@@ -505,9 +802,16 @@ impl containerd_shim::Task for Service {
     }
 
     fn delete(&self, _ctx: &TtrpcContext, req: DeleteRequest) -> TtrpcResult<DeleteResponse> {
-        no_exec(&req.exec_id, "delete")?;
+        if !req.exec_id.is_empty() {
+            return Ok(self.delete_exec(&req.id, &req.exec_id)?);
+        }
         let (pid, exit, bundle, mounted) = self.with(&req.id, |c| {
-            (c.pid, c.exit.clone(), c.bundle.clone(), c.mounted_rootfs)
+            (
+                c.init.pid,
+                c.init.exit.clone(),
+                c.bundle.clone(),
+                c.mounted_rootfs,
+            )
         })?;
         // containerd deletes a created (never started) task too: agentvm
         // kills its init then.
@@ -539,7 +843,7 @@ impl containerd_shim::Task for Service {
     }
 
     fn connect(&self, _ctx: &TtrpcContext, req: ConnectRequest) -> TtrpcResult<ConnectResponse> {
-        let task_pid = self.with(&req.id, |c| c.pid)?;
+        let task_pid = self.with(&req.id, |c| c.init.pid)?;
         Ok(ConnectResponse {
             shim_pid: std::process::id(),
             task_pid,
@@ -556,64 +860,82 @@ impl containerd_shim::Task for Service {
         Ok(Empty::new())
     }
 
-    fn pause(
-        &self,
-        _ctx: &TtrpcContext,
-        _req: containerd_shim::api::PauseRequest,
-    ) -> TtrpcResult<Empty> {
-        not_implemented("pause")
+    fn pause(&self, _ctx: &TtrpcContext, req: PauseRequest) -> TtrpcResult<Empty> {
+        self.set_paused(&req.id, true)?;
+        Ok(Empty::new())
     }
 
-    fn resume(
-        &self,
-        _ctx: &TtrpcContext,
-        _req: containerd_shim::api::ResumeRequest,
-    ) -> TtrpcResult<Empty> {
-        not_implemented("resume")
+    fn resume(&self, _ctx: &TtrpcContext, req: ResumeRequest) -> TtrpcResult<Empty> {
+        self.set_paused(&req.id, false)?;
+        Ok(Empty::new())
     }
 
-    fn exec(
-        &self,
-        _ctx: &TtrpcContext,
-        _req: containerd_shim::api::ExecProcessRequest,
-    ) -> TtrpcResult<Empty> {
-        not_implemented("exec")
+    fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> TtrpcResult<Empty> {
+        self.add_exec(&req)?;
+        self.shared.publish(
+            topics::TASK_EXEC_ADDED_EVENT_TOPIC,
+            Box::new(TaskExecAdded {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                ..Default::default()
+            }),
+        );
+        Ok(Empty::new())
     }
 
-    fn resize_pty(
-        &self,
-        _ctx: &TtrpcContext,
-        _req: containerd_shim::api::ResizePtyRequest,
-    ) -> TtrpcResult<Empty> {
-        not_implemented("resize (terminals)")
+    fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
+        let console = self.with_process(&req.id, &req.exec_id, |p| p.console.clone())?;
+        let console = console.ok_or_else(|| TaskError::State {
+            what: describe(&req.id, &req.exec_id),
+            state: "without a terminal",
+            why: "only a terminal can be resized",
+        })?;
+        console
+            .resize(req.width, req.height)
+            .map_err(TaskError::from)?;
+        Ok(Empty::new())
     }
 
-    fn close_io(
-        &self,
-        _ctx: &TtrpcContext,
-        req: containerd_shim::api::CloseIORequest,
-    ) -> TtrpcResult<Empty> {
-        no_exec(&req.exec_id, "close-IO")?;
-        self.with(&req.id, |_| ())?;
+    fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
+        self.with_process(&req.id, &req.exec_id, |_| ())?;
         // The stdin relay ends at the client's end of file on the FIFO,
         // which containerd's client closes before it sends CloseIO.
         Ok(Empty::new())
     }
 
-    fn update(
-        &self,
-        _ctx: &TtrpcContext,
-        _req: containerd_shim::api::UpdateTaskRequest,
-    ) -> TtrpcResult<Empty> {
-        not_implemented("update (resource limits)")
+    fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> TtrpcResult<Empty> {
+        self.with(&req.id, |_| ())?;
+        // containerd packs the OCI LinuxResources as JSON in the Any
+        // (typeurl's JSON encoding of a non-protobuf type).
+        let resources = req
+            .resources
+            .as_ref()
+            .filter(|any| !any.value.is_empty())
+            .ok_or_else(|| {
+                TaskError::Invalid(format!("update of {}: no resources given", req.id))
+            })?;
+        if !resources.type_url.ends_with("LinuxResources") {
+            return Err(TaskError::Invalid(format!(
+                "update of {}: resources of type {:?}, expected the OCI LinuxResources",
+                req.id, resources.type_url
+            ))
+            .into());
+        }
+        self.agentvm
+            .update(&req.id, &resources.value)
+            .map_err(TaskError::from)?;
+        Ok(Empty::new())
     }
 
-    fn stats(
-        &self,
-        _ctx: &TtrpcContext,
-        _req: containerd_shim::api::StatsRequest,
-    ) -> TtrpcResult<containerd_shim::api::StatsResponse> {
-        not_implemented("stats")
+    fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
+        self.with(&req.id, |_| ())?;
+        let output = self.agentvm.stats(&req.id).map_err(TaskError::from)?;
+        let stats =
+            metrics::from_events_output(&output, self.cgroup_mode).map_err(TaskError::from)?;
+        Ok(StatsResponse {
+            stats: MessageField::some(stats),
+            ..Default::default()
+        })
     }
 
     fn checkpoint(
@@ -622,5 +944,20 @@ impl containerd_shim::Task for Service {
         _req: containerd_shim::api::CheckpointTaskRequest,
     ) -> TtrpcResult<Empty> {
         not_implemented("checkpoint")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_ids_that_cannot_name_a_file() {
+        for good in ["e1", "exec-7", "a.b_c"] {
+            assert!(check_exec_id(good).is_ok(), "{good}");
+        }
+        for bad in ["", "../x", "a/b", ".hidden", "sp ace", &"x".repeat(77)] {
+            assert!(check_exec_id(bad).is_err(), "{bad}");
+        }
     }
 }

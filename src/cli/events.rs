@@ -5,6 +5,15 @@
 //! until the container stops. The stats are runc 1.1's fields
 //! (`crate::events::Stats`).
 //!
+//! `--oom-since-create` (agentvm's own) reports every kill the container's
+//! cgroup has counted, also those before this command looked first: the
+//! shim starts `events` right after `create`, and a workload killed at once
+//! by its limit may be killed before the first look. `--oom-interval`
+//! (also agentvm's) sets how often the count is read: in the microvm tier
+//! each look is a question to the guest, which costs an idle VM under TCG
+//! a few percent of a CPU at the default 100 ms; the shim looks once a
+//! second (a kill that ends the container is still seen at its end).
+//!
 //! Beside runc's figures, `data.egress` adds up the container's connection
 //! lines in the audit file (`allowed`, `denied` with the attempts a line
 //! stands for, `bytes_out`, `bytes_in`); the file is read once, then only
@@ -20,8 +29,9 @@ use crate::state::{lock_container, LockMode};
 use crate::tier::{OomWatch, Tier};
 use clap::Args;
 
-/// How often the OOM-kill count is read between stats samples.
-const OOM_POLL: Duration = Duration::from_millis(100);
+/// How often the OOM-kill count is read between stats samples, unless
+/// `--oom-interval` says otherwise.
+const OOM_POLL: &str = "100ms";
 
 #[derive(Args, Debug)]
 pub struct EventsArgs {
@@ -31,6 +41,14 @@ pub struct EventsArgs {
     /// Print the container's stats once and exit
     #[arg(long)]
     pub stats: bool,
+    /// Report every OOM kill the container has had, not only those after
+    /// the first look (agentvm's shim runs events right after create)
+    #[arg(long = "oom-since-create")]
+    pub oom_since_create: bool,
+    /// Time between looks at the OOM-kill count (and at whether the
+    /// container has stopped), as --interval takes it
+    #[arg(long = "oom-interval", default_value = OOM_POLL)]
+    pub oom_interval: String,
     pub id: String,
 }
 
@@ -38,7 +56,12 @@ pub struct EventsArgs {
 /// or more decimal numbers, each with a unit `ns`, `us`, `µs`, `ms`, `s`,
 /// `m` or `h` (`5s`, `1.5s`, `1h30m`, `250ms`); it must be above zero.
 fn parse_interval(s: &str) -> anyhow::Result<Duration> {
-    let bad = || anyhow::anyhow!("invalid --interval {s:?}: expected a duration like 5s or 500ms");
+    parse_duration("--interval", s)
+}
+
+/// [`parse_interval`] for the option `flag`.
+fn parse_duration(flag: &str, s: &str) -> anyhow::Result<Duration> {
+    let bad = || anyhow::anyhow!("invalid {flag} {s:?}: expected a duration like 5s or 500ms");
     let mut rest = s;
     let mut nanos: f64 = 0.0;
     while !rest.is_empty() {
@@ -65,7 +88,7 @@ fn parse_interval(s: &str) -> anyhow::Result<Duration> {
     }
     if !(nanos >= 1.0 && nanos < u64::MAX as f64) {
         return Err(anyhow::anyhow!(
-            "invalid --interval {s:?}: duration interval must be greater than 0"
+            "invalid {flag} {s:?}: duration interval must be greater than 0"
         ));
     }
     Ok(Duration::from_nanos(nanos as u64))
@@ -73,6 +96,7 @@ fn parse_interval(s: &str) -> anyhow::Result<Duration> {
 
 pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
     let interval = parse_interval(&args.interval)?;
+    let oom_poll = parse_duration("--oom-interval", &args.oom_interval)?;
     let (tier, _) = super::open(ctx, &args.id, None)?;
     let id = args.id.as_str();
     let not_running = || anyhow::anyhow!("container with id {id} is not running");
@@ -87,7 +111,10 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut oom = match tier.oom_watch(ctx, id) {
-        Ok(mut watch) => watch.kills(ctx).ok().map(|seen| (watch, seen)),
+        Ok(mut watch) => watch.kills(ctx).ok().map(|seen| {
+            let seen = if args.oom_since_create { 0 } else { seen };
+            (watch, seen)
+        }),
         Err(e) => {
             tracing::warn!("container {id}: OOM kills are not reported: {e}");
             None
@@ -114,11 +141,9 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
             break;
         }
         let wait = next.saturating_duration_since(Instant::now());
-        std::thread::sleep(if oom.is_some() {
-            wait.min(OOM_POLL)
-        } else {
-            wait
-        });
+        // Without an OOM count to read the stop is still looked for as
+        // often, so the stream ends when the container does.
+        std::thread::sleep(wait.min(oom_poll));
     }
     // A kill that ended the container is counted before it is seen stopped.
     report_ooms(ctx, id, &mut oom, &mut out);
@@ -233,5 +258,9 @@ mod tests {
         assert!(parse_interval("").is_err());
         assert!(parse_interval("soon").is_err());
         assert!(parse_interval("5x").is_err());
+        let err = parse_duration("--oom-interval", "0s")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--oom-interval"), "{err}");
     }
 }

@@ -241,6 +241,81 @@ impl Containerd {
         cmd::run(&mut c)
     }
 
+    /// `ctr run MODE --runtime io.containerd.agentvm.v2 OPTIONS` of
+    /// `command` in the image [`Containerd::busybox_image`] (`MODE`: `-d`
+    /// or `--rm`; `OPTIONS` such as `--memory-limit N`).
+    pub fn run_shim_image_with(
+        &self,
+        mode: &str,
+        id: &str,
+        tier: &str,
+        options: &[&str],
+        command: &[&str],
+    ) -> Output {
+        let image = self.busybox_image();
+        let mut c = self.instance.ctr();
+        c.args(["run", mode, "--runtime", SHIM_RUNTIME])
+            .arg("--annotation")
+            .arg(format!("{ISOLATION_ANNOTATION}={tier}"))
+            .args(options)
+            .arg(image)
+            .arg(id)
+            .args(command);
+        cmd::run(&mut c)
+    }
+
+    /// `ctr` against this containerd, not run yet (for a client on a pty,
+    /// or one left running such as `ctr events`).
+    pub fn ctr_command(&self) -> Command {
+        self.instance.ctr()
+    }
+
+    /// The bundle containerd made for task `id` (the shim's working
+    /// directory; with an image, `rootfs/` is the snapshot mounted).
+    pub fn task_bundle(&self, id: &str) -> PathBuf {
+        self.instance
+            .dir()
+            .join("state/io.containerd.runtime.v2.task")
+            .join(NAMESPACE)
+            .join(id)
+    }
+
+    /// The task API's `Update` of task `id` with `resources` (an OCI
+    /// `LinuxResources`), sent straight to its shim over ttrpc, packed as
+    /// containerd packs it (JSON in an `Any`). containerd 1.6's `ctr` has
+    /// no `task update`, and this containerd has no CRI plugin, so no
+    /// client of ours can make containerd send it.
+    pub fn shim_update(&self, id: &str, resources: &serde_json::Value) -> Result<(), String> {
+        use containerd_shim_protos::api::UpdateTaskRequest;
+        use containerd_shim_protos::protobuf::well_known_types::any::Any;
+        use containerd_shim_protos::protobuf::MessageField;
+
+        let address_file = self.task_bundle(id).join("address");
+        let address = std::fs::read_to_string(&address_file)
+            .map_err(|e| format!("cannot read {}: {e}", address_file.display()))?;
+        let client = containerd_shim_protos::ttrpc::Client::connect(address.trim())
+            .map_err(|e| format!("cannot connect to the shim at {}: {e}", address.trim()))?;
+        let tasks = containerd_shim_protos::TaskClient::new(client);
+        let req = UpdateTaskRequest {
+            id: id.to_string(),
+            resources: MessageField::some(Any {
+                type_url: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources"
+                    .to_string(),
+                value: resources.to_string().into_bytes(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let timeout = std::time::Duration::from_secs(60).as_nanos() as i64;
+        tasks
+            .update(
+                containerd_shim_protos::ttrpc::context::with_timeout(timeout),
+                &req,
+            )
+            .map(drop)
+            .map_err(|e| format!("update of {id}: {e}"))
+    }
+
     /// `ctr run --rm --runtime io.containerd.agentvm.v2` of `command` in
     /// the image [`Containerd::busybox_image`]: its rootfs comes from the
     /// snapshotter, as mounts the shim mounts on the bundle's rootfs.
