@@ -129,18 +129,34 @@ pub fn setup_pvh(vcpu: &VcpuFd, index: u32, entry: Entry) -> Result<(), CpuError
     Ok(())
 }
 
-/// Gives vCPU `index` the host's supported CPUID with its own APIC id.
-pub fn setup_cpuid(kvm: &Kvm, vcpu: &VcpuFd, index: u32) -> Result<(), CpuError> {
-    let mut cpuid: CpuId = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(kvm_error("read the supported CPUID", index))?;
-    for e in cpuid.as_mut_slice() {
+/// CPUID.1:ECX bit 31: the CPU is a hypervisor's guest. KVM leaves it
+/// out of its supported list; without it Linux does not look at KVM's
+/// leaves (0x4000_0000), boots "on bare hardware" without kvmclock, and
+/// must calibrate the TSC against the PIT.
+const CPUID_1_ECX_HYPERVISOR: u32 = 1 << 31;
+
+/// The VMM's changes to KVM's supported CPUID for vCPU `index`: its APIC
+/// id (leaves 1 and 0xb) and the hypervisor bit.
+pub fn adjust_cpuid(entries: &mut [kvm_bindings::kvm_cpuid_entry2], index: u32) {
+    for e in entries {
         match e.function {
-            1 => e.ebx = (e.ebx & 0x00ff_ffff) | (index << 24),
+            1 => {
+                e.ebx = (e.ebx & 0x00ff_ffff) | (index << 24);
+                e.ecx |= CPUID_1_ECX_HYPERVISOR;
+            }
             0xb => e.edx = index,
             _ => {}
         }
     }
+}
+
+/// Gives vCPU `index` the host's supported CPUID, adjusted
+/// ([`adjust_cpuid`]).
+pub fn setup_cpuid(kvm: &Kvm, vcpu: &VcpuFd, index: u32) -> Result<(), CpuError> {
+    let mut cpuid: CpuId = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_error("read the supported CPUID", index))?;
+    adjust_cpuid(cpuid.as_mut_slice(), index);
     vcpu.set_cpuid2(&cpuid)
         .map_err(kvm_error("set the CPUID", index))
 }
@@ -184,5 +200,23 @@ mod tests {
             (0xb, 1, 1, 1, 0, 1)
         );
         assert_eq!(cs.limit, 0xffff_ffff);
+    }
+
+    #[test]
+    fn cpuid_names_the_apic_id_and_the_hypervisor() {
+        let leaf = |function, index| kvm_bindings::kvm_cpuid_entry2 {
+            function,
+            index,
+            ebx: 0x0008_0800,
+            ecx: 0x0000_0201,
+            ..Default::default()
+        };
+        let mut entries = [leaf(1, 0), leaf(0xb, 0), leaf(0xb, 1), leaf(7, 0)];
+        adjust_cpuid(&mut entries, 3);
+        assert_eq!(entries[0].ebx, 0x0308_0800);
+        assert_eq!(entries[0].ecx, 0x8000_0201);
+        assert_eq!((entries[1].edx, entries[2].edx), (3, 3));
+        // Other leaves are KVM's.
+        assert_eq!((entries[3].ebx, entries[3].ecx), (0x0008_0800, 0x0000_0201));
     }
 }

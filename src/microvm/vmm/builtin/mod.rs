@@ -23,6 +23,8 @@ pub mod vm;
 
 #[cfg(test)]
 mod kvm_tests;
+#[cfg(test)]
+mod linux_tests;
 
 /// What the builtin VMM needs before it can boot a container's guest.
 /// `auto` never picks it and `builtin` is refused while this is not
