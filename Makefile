@@ -84,7 +84,7 @@ kernel-test: kernel
 # real-KVM tests and a Linux guest booted by the builtin VMM. agentvm's
 # unit-test binary is static, so it runs there as it is. Exit 77 = cannot
 # run here: skipped, said so.
-test-builtin: kernel kernel-testhost
+test-builtin: kernel-testhost
 	@tests=$$($(CARGO) test --locked $(CARGO_PROFILE_FLAG) -p agentvm --lib --no-run --message-format=json \
 		| jq -r 'select(.reason == "compiler-artifact" and .target.name == "agentvm" and .profile.test and (.target.kind | index("lib"))) | .executable'); \
 	[ -n "$$tests" ] || { echo "test-builtin: cannot find agentvm's unit-test binary"; exit 1; }; \

@@ -50,7 +50,9 @@ fn prerequisites(test: &str) -> Option<(PathBuf, PathBuf)> {
 }
 
 /// An initramfs whose `/init` (busybox sh) mounts /proc, prints the
-/// kernel's release, reads 16 bytes from virtio-rng, and resets the VM.
+/// kernel's release, its CPUs and virtio's interrupt line, reads 16 bytes
+/// from virtio-rng, sleeps on each CPU (a timer that works on each), and
+/// resets the VM.
 fn initramfs(busybox: &Path, dir: &Path) -> PathBuf {
     let init = format!(
         "#!/bin/busybox sh\n\
@@ -59,8 +61,12 @@ fn initramfs(busybox: &Path, dir: &Path) -> PathBuf {
          /bin/busybox mount -t devtmpfs devtmpfs /dev\n\
          echo \"{MARK} init $(/bin/busybox uname -r) uptime $(/bin/busybox cut -d' ' -f1 /proc/uptime)\"\n\
          echo \"{MARK} cpus $(/bin/busybox grep -c ^processor /proc/cpuinfo)\"\n\
+         echo \"{MARK} virtio-irq $(/bin/busybox grep virtio /proc/interrupts)\"\n\
          echo \"{MARK} hwrng $(/bin/busybox cat /sys/class/misc/hw_random/rng_current)\"\n\
          echo \"{MARK} rng-bytes $(/bin/busybox head -c 16 /dev/hwrng | /bin/busybox wc -c)\"\n\
+         for cpu in 0 1; do\n\
+           /bin/busybox taskset -c $cpu /bin/busybox sleep 0.2 && echo \"{MARK} timer on cpu $cpu\"\n\
+         done\n\
          echo \"{MARK} done\"\n\
          /bin/busybox reboot -f\n"
     );
@@ -85,7 +91,7 @@ fn config(kernel: &Path, initramfs: &Path) -> VmConfig {
         // the VM; panic=-1 turns a panic into the same (but the test
         // tells them apart by the console).
         cmdline: "console=ttyS0 reboot=k panic=-1 tsc=reliable nomodules".into(),
-        vcpus: 1,
+        vcpus: 2,
         memory_mib: 256,
         share_dir: PathBuf::new(),
         control_socket: PathBuf::new(),
@@ -157,7 +163,20 @@ fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
         text.contains("Linux version 6.1."),
         "no kernel banner on the console"
     );
-    assert!(text.contains(&format!("{MARK} cpus 1")));
+    // Both vCPUs and the IO-APIC, from the MP table: without it Linux
+    // would see one CPU and route virtio's interrupt through the PIC.
+    assert!(
+        text.contains(&format!("{MARK} cpus 2")),
+        "the guest did not bring up its second vCPU"
+    );
+    let irq = text
+        .lines()
+        .find_map(|l| l.split_once(&format!("{MARK} virtio-irq ")).map(|(_, r)| r))
+        .unwrap_or_default();
+    assert!(
+        irq.contains("IO-APIC"),
+        "virtio's interrupt is not on the IO-APIC: {irq}"
+    );
     assert!(
         text.contains(&format!("{MARK} hwrng virtio_rng")),
         "the guest did not bind virtio-rng"
@@ -166,6 +185,14 @@ fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
         text.contains(&format!("{MARK} rng-bytes 16")),
         "16 bytes from virtio-rng did not arrive"
     );
+    // Each vCPU's local APIC timer fires (without the TSC-deadline bit
+    // in CPUID, the second one never did and its sleep never ended).
+    for cpu in 0..2 {
+        assert!(
+            text.contains(&format!("{MARK} timer on cpu {cpu}")),
+            "a sleep on vCPU {cpu} did not end"
+        );
+    }
     assert!(text.contains(&format!("{MARK} done")));
     assert!(!text.contains("Kernel panic"), "the guest panicked");
 }

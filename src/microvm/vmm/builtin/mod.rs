@@ -17,6 +17,7 @@ pub mod layout;
 pub mod legacy;
 pub mod machine;
 pub mod memory;
+pub mod mptable;
 pub mod vcpu;
 pub mod virtio;
 pub mod vm;
