@@ -92,7 +92,8 @@ echo "$MARK: booted \$(cut -d' ' -f1 /proc/uptime)"
 passed=0
 failed=0
 # step NAME COMMAND...: runs COMMAND with its output on the console; the
-# step fails on a non-zero status or a 'skipped:' line in its output.
+# step fails on a non-zero status or a test's 'skipped:' (at a line's start
+# or after the harness's 'test NAME ... ') in its output.
 step() {
     name=\$1; shift
     echo "$MARK: begin \$name"
@@ -100,7 +101,7 @@ step() {
     "\$@" >/tmp/step.out 2>&1
     rc=\$?
     cat /tmp/step.out
-    if [ \$rc = 0 ] && grep -q 'skipped:' /tmp/step.out; then rc=skipped; fi
+    if [ \$rc = 0 ] && grep -qE '(^|\.\.\. )skipped:' /tmp/step.out; then rc=skipped; fi
     t=\$(awk -v a="\$t0" -v b="\$(cut -d' ' -f1 /proc/uptime)" 'BEGIN { printf "%.2f", b - a }')
     if [ "\$rc" = 0 ]; then
         passed=\$((passed + 1)); echo "$MARK: pass \$name \$t"
