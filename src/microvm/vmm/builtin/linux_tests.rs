@@ -90,7 +90,7 @@ fn config(kernel: &Path, initramfs: &Path) -> VmConfig {
         // reboot=k: `reboot -f` pulses the i8042 reset line, which stops
         // the VM; panic=-1 turns a panic into the same (but the test
         // tells them apart by the console).
-        cmdline: "console=ttyS0 reboot=k panic=-1 tsc=reliable nomodules".into(),
+        cmdline: "console=ttyS0 reboot=k panic=-1 tsc=reliable".into(),
         vcpus: 2,
         memory_mib: 256,
         share_dir: PathBuf::new(),
