@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Build agentvm's x86_64 guest kernel (an ELF vmlinux with a PVH entry point)
-# from Debian's linux-source-6.1 package, cached outside the repository.
+# from Debian's linux-source-6.1 package, cached outside the repository; or,
+# with --flavor testhost, the test host's kernel (the guest's options plus
+# config-testhost-x86_64.fragment: KVM and KVM_AMD built in), which
+# `make test-builtin` boots under QEMU TCG to get a hardware-style KVM.
 #
 # Needs these Debian packages (this script installs nothing):
 #   linux-source-6.1 build-essential bc bison flex libelf-dev libssl-dev xz-utils
 #
-# Usage: kernels/build.sh [--print-key | --config-only]
+# Usage: kernels/build.sh [--flavor guest|testhost] [--print-key | --config-only]
 #   Prints progress and the cache key on stderr and the path of the cached
 #   vmlinux on stdout (nothing else). --print-key only prints the key;
 #   --config-only stops after the checked .config, prints it on stdout and
@@ -14,7 +17,7 @@
 # Cache: $AGENTVM_KERNEL_CACHE (default /var/cache/agentvm/kernels)/<key>/
 #   vmlinux, config (the final .config), key-inputs (what the key hashes),
 #   build.log, build-info (durations). <key> is the first 16 hex digits of the sha256 of key-inputs:
-#   the sha256 of the config fragment and of this script, the version of the
+#   the flavor, the sha256 of each config fragment applied and of this script, the version of the
 #   linux-source-6.1 package, and the gcc and ld versions. A cache hit does no
 #   work beyond hashing; a miss builds in a temporary directory (under $TMPDIR,
 #   default /tmp) that is removed on exit, and concurrent runs for the same key
@@ -31,7 +34,9 @@ readonly REQUIRED_PKGS=(linux-source-6.1 build-essential bc bison flex libelf-de
 
 script_path=$(readlink -f "${BASH_SOURCE[0]}")
 script_dir=$(dirname "$script_path")
-fragment="$script_dir/config-x86_64.fragment"
+flavor=guest
+# The fragments of the flavor, applied in this order (set by set_flavor).
+fragments=("$script_dir/config-x86_64.fragment")
 cache_root=${AGENTVM_KERNEL_CACHE:-/var/cache/agentvm/kernels}
 jobs=${AGENTVM_KERNEL_JOBS:-$(nproc)}
 config_only=0
@@ -52,6 +57,15 @@ check_packages() {
     [[ -r $SRC_TARBALL ]] || die "$SRC_TARBALL not found although $SRC_PKG is installed"
 }
 
+set_flavor() {
+    case $1 in
+        guest) fragments=("$script_dir/config-x86_64.fragment") ;;
+        testhost) fragments=("$script_dir/config-x86_64.fragment" "$script_dir/config-testhost-x86_64.fragment") ;;
+        *) die "unknown flavor: $1 (guest or testhost)" ;;
+    esac
+    flavor=$1
+}
+
 # The text whose hash is the cache key; also stored beside the vmlinux.
 key_inputs() {
     local src_version
@@ -59,7 +73,12 @@ key_inputs() {
         die "Debian package $SRC_PKG is not installed (install: apt-get install -y ${REQUIRED_PKGS[*]})"
     [[ -n $src_version ]] || die "Debian package $SRC_PKG has no version (not installed?)"
     printf 'arch %s\n' "$KARCH"
-    printf 'fragment-sha256 %s\n' "$(sha256sum <"$fragment" | cut -d' ' -f1)"
+    # The guest's key-inputs stay as they were before flavors existed.
+    [[ $flavor == guest ]] || printf 'flavor %s\n' "$flavor"
+    local fragment
+    for fragment in "${fragments[@]}"; do
+        printf 'fragment-sha256 %s\n' "$(sha256sum <"$fragment" | cut -d' ' -f1)"
+    done
     printf 'build-script-sha256 %s\n' "$(sha256sum <"$script_path" | cut -d' ' -f1)"
     printf '%s %s\n' "$SRC_PKG" "$src_version"
     printf 'gcc %s\n' "$(gcc -dumpfullversion 2>/dev/null || echo none)"
@@ -69,7 +88,14 @@ key_inputs() {
 # Parse the fragment into lines "NAME<TAB>VALUE" where VALUE is y, n, a
 # number, or a double-quoted string. Unknown syntax is an error.
 fragment_options() {
-    local line lineno=0
+    local fragment
+    for fragment in "${fragments[@]}"; do
+        fragment_file_options "$fragment"
+    done
+}
+
+fragment_file_options() {
+    local fragment=$1 line lineno=0
     while IFS= read -r line || [[ -n $line ]]; do
         lineno=$((lineno + 1))
         if [[ $line =~ ^#\ (CONFIG_[A-Za-z0-9_]+)\ is\ not\ set[[:space:]]*$ ]]; then
@@ -111,7 +137,7 @@ verify_config() {
     if ((${#failed[@]})); then
         log "options that did not end up as requested after olddefconfig:"
         printf '  %s\n' "${failed[@]}" >&2
-        die "${#failed[@]} option(s) of $fragment not honoured (unmet dependency or wrong name)"
+        die "${#failed[@]} option(s) of ${fragments[*]} not honoured (unmet dependency or wrong name)"
     fi
 }
 
@@ -134,7 +160,7 @@ build_into() {
     srcdir="$work/${SRC_PKG}"
     [[ -d $srcdir ]] || die "$SRC_TARBALL did not contain ${SRC_PKG}/"
     cd "$srcdir"
-    log "configuring: make tinyconfig + $fragment + olddefconfig (x2)"
+    log "configuring ($flavor): make tinyconfig + ${fragments[*]} + olddefconfig (x2)"
     run_logged "$logfile" make ARCH="$KARCH" tinyconfig
     apply_fragment
     run_logged "$logfile" make ARCH="$KARCH" olddefconfig
@@ -161,7 +187,15 @@ build_into() {
 }
 
 main() {
-    [[ -r $fragment ]] || die "config fragment $fragment not found"
+    if [[ ${1:-} == --flavor ]]; then
+        [[ $# -ge 2 ]] || die "--flavor needs a value (guest or testhost)"
+        set_flavor "$2"
+        shift 2
+    fi
+    local fragment
+    for fragment in "${fragments[@]}"; do
+        [[ -r $fragment ]] || die "config fragment $fragment not found"
+    done
     local inputs key final
     inputs=$(key_inputs)
     key=$(printf '%s\n' "$inputs" | sha256sum | cut -c1-16)
@@ -174,9 +208,9 @@ main() {
             config_only=1
             ;;
         "") ;;
-        *) die "unknown argument: $1 (usage: build.sh [--print-key | --config-only])" ;;
+        *) die "unknown argument: $1 (usage: build.sh [--flavor guest|testhost] [--print-key | --config-only])" ;;
     esac
-    [[ $# -le 1 ]] || die "too many arguments (usage: build.sh [--print-key | --config-only])"
+    [[ $# -le 1 ]] || die "too many arguments (usage: build.sh [--flavor guest|testhost] [--print-key | --config-only])"
     if [[ $config_only == 1 ]]; then
         check_packages
         local work

@@ -141,17 +141,18 @@ fn load_initramfs(
 
 fn write_start_info(mem: &GuestMemoryMmap, module: Option<(u64, u64)>) -> Result<(), BootError> {
     let mut memmap: Vec<hvm_memmap_table_entry> = Vec::new();
-    // The first page holds the GDT, the boot structures and the BIOS
-    // area a kernel expects: reserved up to the command line's page.
+    // Base memory (the GDT, the boot structures and the command line
+    // are in it) is RAM up to the MP table; from there to 1 MiB (the MP
+    // table and the BIOS area a kernel expects) it is reserved.
     memmap.push(hvm_memmap_table_entry {
         addr: 0,
-        size: 0x9fc00,
+        size: layout::MPTABLE,
         type_: E820_RAM,
         reserved: 0,
     });
     memmap.push(hvm_memmap_table_entry {
-        addr: 0x9fc00,
-        size: layout::HIMEM_START - 0x9fc00,
+        addr: layout::MPTABLE,
+        size: layout::HIMEM_START - layout::MPTABLE,
         type_: E820_RESERVED,
         reserved: 0,
     });

@@ -4,7 +4,7 @@
 //! expects.
 
 use kvm_bindings::{kvm_fpu, kvm_segment, CpuId, KVM_MAX_CPUID_ENTRIES};
-use kvm_ioctls::{Kvm, VcpuFd};
+use kvm_ioctls::{Cap, Kvm, VcpuFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::boot::Entry;
@@ -129,18 +129,52 @@ pub fn setup_pvh(vcpu: &VcpuFd, index: u32, entry: Entry) -> Result<(), CpuError
     Ok(())
 }
 
-/// Gives vCPU `index` the host's supported CPUID with its own APIC id.
-pub fn setup_cpuid(kvm: &Kvm, vcpu: &VcpuFd, index: u32) -> Result<(), CpuError> {
-    let mut cpuid: CpuId = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(kvm_error("read the supported CPUID", index))?;
-    for e in cpuid.as_mut_slice() {
+/// CPUID.1:ECX bit 31: the CPU is a hypervisor's guest. KVM leaves it
+/// out of its supported list; without it Linux does not look at KVM's
+/// leaves (0x4000_0000), boots "on bare hardware" without kvmclock, and
+/// must calibrate the TSC against the PIT.
+const CPUID_1_ECX_HYPERVISOR: u32 = 1 << 31;
+
+/// CPUID.1:ECX bit 24: the local APIC timer has the TSC-deadline mode.
+/// KVM emulates it (`KVM_CAP_TSC_DEADLINE_TIMER`) but leaves the bit out
+/// of its supported list. Without it Linux calibrates the APIC timer
+/// against the PIT; where that fails (measured in the test host: "APIC
+/// timer disabled due to verification failure") every CPU but the first
+/// is left waiting for the PIT's broadcast, and a `sleep 1` on the second
+/// vCPU never returned.
+const CPUID_1_ECX_TSC_DEADLINE: u32 = 1 << 24;
+
+/// The VMM's changes to KVM's supported CPUID for vCPU `index`: its APIC
+/// id (leaves 1 and 0xb), the hypervisor bit, and the TSC-deadline timer
+/// when KVM emulates it.
+pub fn adjust_cpuid(
+    entries: &mut [kvm_bindings::kvm_cpuid_entry2],
+    index: u32,
+    tsc_deadline: bool,
+) {
+    for e in entries {
         match e.function {
-            1 => e.ebx = (e.ebx & 0x00ff_ffff) | (index << 24),
+            1 => {
+                e.ebx = (e.ebx & 0x00ff_ffff) | (index << 24);
+                e.ecx |= CPUID_1_ECX_HYPERVISOR;
+                if tsc_deadline {
+                    e.ecx |= CPUID_1_ECX_TSC_DEADLINE;
+                }
+            }
             0xb => e.edx = index,
             _ => {}
         }
     }
+}
+
+/// Gives vCPU `index` the host's supported CPUID, adjusted
+/// ([`adjust_cpuid`]).
+pub fn setup_cpuid(kvm: &Kvm, vcpu: &VcpuFd, index: u32) -> Result<(), CpuError> {
+    let mut cpuid: CpuId = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_error("read the supported CPUID", index))?;
+    let tsc_deadline = kvm.check_extension(Cap::TscDeadlineTimer);
+    adjust_cpuid(cpuid.as_mut_slice(), index, tsc_deadline);
     vcpu.set_cpuid2(&cpuid)
         .map_err(kvm_error("set the CPUID", index))
 }
@@ -184,5 +218,25 @@ mod tests {
             (0xb, 1, 1, 1, 0, 1)
         );
         assert_eq!(cs.limit, 0xffff_ffff);
+    }
+
+    #[test]
+    fn cpuid_names_the_apic_id_and_the_hypervisor() {
+        let leaf = |function, index| kvm_bindings::kvm_cpuid_entry2 {
+            function,
+            index,
+            ebx: 0x0008_0800,
+            ecx: 0x0000_0201,
+            ..Default::default()
+        };
+        let mut entries = [leaf(1, 0), leaf(0xb, 0), leaf(0xb, 1), leaf(7, 0)];
+        adjust_cpuid(&mut entries, 3, false);
+        assert_eq!(entries[0].ebx, 0x0308_0800);
+        assert_eq!(entries[0].ecx, 0x8000_0201);
+        adjust_cpuid(&mut entries, 3, true);
+        assert_eq!(entries[0].ecx, 0x8100_0201);
+        assert_eq!((entries[1].edx, entries[2].edx), (3, 3));
+        // Other leaves are KVM's.
+        assert_eq!((entries[3].ebx, entries[3].ecx), (0x0008_0800, 0x0000_0201));
     }
 }

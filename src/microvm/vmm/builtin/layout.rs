@@ -8,6 +8,9 @@ pub const MEMMAP: u64 = 0x7000;
 pub const MODLIST: u64 = 0x7800;
 /// The boot GDT (PVH enters in 32-bit protected mode with flat segments).
 pub const GDT: u64 = 0x500;
+/// The MP table (`mptable`): the last KiB of base memory, which Linux
+/// scans for it; reserved in the memory map.
+pub const MPTABLE: u64 = 0x9_fc00;
 /// The kernel command line.
 pub const CMDLINE: u64 = 0x20000;
 /// Most bytes of command line, its NUL included (Linux's COMMAND_LINE_SIZE).

@@ -1,6 +1,7 @@
 //! A whole VM built from the microvm tier's [`VmConfig`]: memfd memory of
 //! `memory_mib`, the kernel and initramfs with the command line and the
-//! devices' `virtio_mmio.device=` entries, `vcpus` vCPUs, the reset line,
+//! devices' `virtio_mmio.device=` entries, `vcpus` vCPUs and the MP table
+//! that tells the guest about them and the IO-APIC, the reset line,
 //! virtio-rng, and the serial port only when asked for. [`Machine::run`]
 //! runs it until the guest stops it: one thread per vCPU and one for the
 //! devices' event loop; the first vCPU to stop stops the others, kicking
@@ -24,6 +25,7 @@ use super::boot::{self, BootError};
 use super::legacy::i8042::{self, I8042};
 use super::legacy::serial::{self, SerialPort};
 use super::memory::{self, MemoryError};
+use super::mptable::{self, MpTableError};
 use super::vcpu::{StopReason, Vcpu, VcpuError};
 use super::virtio::rng::{Rng, RngError, Urandom};
 use super::vm::{Vm, VmError};
@@ -39,6 +41,8 @@ pub enum MachineError {
     Boot(#[from] BootError),
     #[error(transparent)]
     Rng(#[from] RngError),
+    #[error(transparent)]
+    MpTable(#[from] MpTableError),
     #[error("cannot open /dev/kvm: {0}")]
     Kvm(#[source] kvm_ioctls::Error),
     #[error("cannot set up the serial port: {0}")]
@@ -123,6 +127,7 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
         initramfs,
         &boot::cmdline(&cmdline)?,
     )?;
+    mptable::write(&vm.memory, config.vcpus)?;
     let vcpus = (0..config.vcpus)
         .map(|i| vm.create_vcpu(i, (i == 0).then_some(start)))
         .collect::<Result<Vec<_>, _>>()?;

@@ -1,0 +1,215 @@
+//! A real Linux guest under the builtin VMM: the guest kernel built by
+//! `kernels/build.sh`, entered through PVH by a [`Machine`], runs a busybox
+//! `/init` that reports over the serial console and resets the VM.
+//!
+//! These need a standard hardware KVM (`HostKvm::standard`): on these
+//! development machines that is only inside the test host of
+//! `make test-builtin` (a QEMU TCG VM whose vCPU emulates AMD SVM,
+//! docs/testing.md). Elsewhere they print `skipped: <why>` and pass;
+//! `make test-builtin` checks that they ran there, not skipped.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::machine::{self, Options};
+use super::vcpu::StopReason;
+use crate::microvm::initramfs::Cpio;
+use crate::microvm::vmm::choice::HostKvm;
+use crate::microvm::vmm::VmConfig;
+
+/// What the guest's `/init` prints before its checks, and after each.
+const MARK: &str = "agentvm-guest:";
+/// How long a boot may take inside the test host (TCG emulating the
+/// nested guest's kernel) before the test stops the VM and fails.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Why Linux cannot be booted here, or the guest kernel and the static
+/// busybox its `/init` uses.
+fn prerequisites(test: &str) -> Option<(PathBuf, PathBuf)> {
+    if let Err(why) = HostKvm::probe().standard() {
+        println!("skipped: {test}: {why}");
+        return None;
+    }
+    let kernel = std::env::var_os("AGENTVM_KERNEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::microvm::host::DEFAULT_KERNEL.into());
+    if !kernel.is_file() {
+        println!(
+            "skipped: {test}: no guest kernel at {} (AGENTVM_KERNEL)",
+            kernel.display()
+        );
+        return None;
+    }
+    let busybox = PathBuf::from("/bin/busybox");
+    if !busybox.is_file() {
+        println!("skipped: {test}: no static /bin/busybox for the guest's /init");
+        return None;
+    }
+    Some((kernel, busybox))
+}
+
+/// An initramfs whose `/init` (busybox sh) mounts /proc, prints the
+/// kernel's release, its CPUs and virtio's interrupt line, reads 16 bytes
+/// from virtio-rng, sleeps on each CPU (a timer that works on each), and
+/// resets the VM.
+fn initramfs(busybox: &Path, dir: &Path) -> PathBuf {
+    let init = format!(
+        "#!/bin/busybox sh\n\
+         /bin/busybox mount -t proc proc /proc\n\
+         /bin/busybox mount -t sysfs sysfs /sys\n\
+         /bin/busybox mount -t devtmpfs devtmpfs /dev\n\
+         echo \"{MARK} init $(/bin/busybox uname -r) uptime $(/bin/busybox cut -d' ' -f1 /proc/uptime)\"\n\
+         echo \"{MARK} cpus $(/bin/busybox grep -c ^processor /proc/cpuinfo)\"\n\
+         echo \"{MARK} virtio-irq $(/bin/busybox grep virtio /proc/interrupts)\"\n\
+         echo \"{MARK} hwrng $(/bin/busybox cat /sys/class/misc/hw_random/rng_current)\"\n\
+         echo \"{MARK} rng-bytes $(/bin/busybox head -c 16 /dev/hwrng | /bin/busybox wc -c)\"\n\
+         for cpu in 0 1; do\n\
+           /bin/busybox taskset -c $cpu /bin/busybox sleep 0.2 && echo \"{MARK} timer on cpu $cpu\"\n\
+         done\n\
+         echo \"{MARK} done\"\n\
+         /bin/busybox reboot -f\n"
+    );
+    let mut cpio = Cpio::default();
+    for d in ["bin", "dev", "proc", "sys"] {
+        cpio.dir(d);
+    }
+    cpio.char_dev("dev/console", 0o600, 5, 1);
+    cpio.file("bin/busybox", 0o755, &std::fs::read(busybox).unwrap());
+    cpio.file("init", 0o755, init.as_bytes());
+    let path = dir.join("initramfs.cpio");
+    std::fs::write(&path, cpio.finish()).unwrap();
+    path
+}
+
+fn config(kernel: &Path, initramfs: &Path) -> VmConfig {
+    VmConfig {
+        name: "linux-test".into(),
+        kernel: kernel.to_path_buf(),
+        initramfs: initramfs.to_path_buf(),
+        // reboot=k: `reboot -f` pulses the i8042 reset line, which stops
+        // the VM; panic=-1 turns a panic into the same (but the test
+        // tells them apart by the console).
+        cmdline: "console=ttyS0 reboot=k panic=-1 tsc=reliable".into(),
+        vcpus: 2,
+        memory_mib: 256,
+        share_dir: PathBuf::new(),
+        control_socket: PathBuf::new(),
+        console_log: PathBuf::new(),
+        run_dir: PathBuf::new(),
+        kvm: true,
+        nics: Vec::new(),
+        vmm_user: crate::microvm::vmm::jail::Identity { uid: 0, gid: 0 },
+    }
+}
+
+#[test]
+fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
+    let test = "the_guest_kernel_boots_to_its_init_and_resets_the_vm";
+    let Some((kernel, busybox)) = prerequisites(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let initramfs = initramfs(&busybox, dir.path());
+    let console_path = dir.path().join("console");
+    let console = std::fs::File::create(&console_path).unwrap();
+    let started = Instant::now();
+    let m = machine::build(
+        &config(&kernel, &initramfs),
+        Options {
+            serial: Some(console),
+            entropy: None,
+        },
+    )
+    .unwrap();
+    let built = started.elapsed();
+    let stop = m.vm.stop.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let runner = std::thread::spawn(move || {
+        let _ = tx.send(m.run());
+    });
+    // While it runs, watch the console for the init's first line (the
+    // time from the start of the run to the guest's /init).
+    let run_started = Instant::now();
+    let init_line = format!("{MARK} init ");
+    let mut to_init = None;
+    let result = loop {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(r) => break Some(r),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break None,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if to_init.is_none()
+            && std::fs::read_to_string(&console_path).is_ok_and(|t| t.contains(&init_line))
+        {
+            to_init = Some(run_started.elapsed());
+        }
+        if run_started.elapsed() > LIMIT {
+            // The run loop sees the request and kicks every vCPU out.
+            stop.request(StopReason::Requested);
+            break None;
+        }
+    };
+    runner.join().unwrap();
+    let ran = run_started.elapsed();
+    let mut text = String::new();
+    std::fs::File::open(&console_path)
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    println!("--- guest console ---\n{text}--- end of guest console ---");
+    println!(
+        "built in {built:?}; the guest's /init printed {to_init:?} after the run started \
+         (20 ms polls); the guest reset the VM {ran:?} after it started"
+    );
+    let result = result.unwrap_or_else(|| panic!("the guest did not stop within {LIMIT:?}"));
+    assert_eq!(
+        result.unwrap(),
+        StopReason::Reset,
+        "the guest must end the VM with the i8042 reset (reboot=k)"
+    );
+    let release = text
+        .lines()
+        .find_map(|l| l.split_once(&format!("{MARK} init ")).map(|(_, r)| r))
+        .unwrap_or_else(|| panic!("the guest's /init never reported"));
+    assert!(
+        release.starts_with("6.1."),
+        "unexpected kernel release {release}"
+    );
+    assert!(
+        text.contains("Linux version 6.1."),
+        "no kernel banner on the console"
+    );
+    // Both vCPUs and the IO-APIC, from the MP table: without it Linux
+    // would see one CPU and route virtio's interrupt through the PIC.
+    assert!(
+        text.contains(&format!("{MARK} cpus 2")),
+        "the guest did not bring up its second vCPU"
+    );
+    let irq = text
+        .lines()
+        .find_map(|l| l.split_once(&format!("{MARK} virtio-irq ")).map(|(_, r)| r))
+        .unwrap_or_default();
+    assert!(
+        irq.contains("IO-APIC"),
+        "virtio's interrupt is not on the IO-APIC: {irq}"
+    );
+    assert!(
+        text.contains(&format!("{MARK} hwrng virtio_rng")),
+        "the guest did not bind virtio-rng"
+    );
+    assert!(
+        text.contains(&format!("{MARK} rng-bytes 16")),
+        "16 bytes from virtio-rng did not arrive"
+    );
+    // Each vCPU's local APIC timer fires (without the TSC-deadline bit
+    // in CPUID, the second one never did and its sleep never ended).
+    for cpu in 0..2 {
+        assert!(
+            text.contains(&format!("{MARK} timer on cpu {cpu}")),
+            "a sleep on vCPU {cpu} did not end"
+        );
+    }
+    assert!(text.contains(&format!("{MARK} done")));
+    assert!(!text.contains("Kernel panic"), "the guest panicked");
+}

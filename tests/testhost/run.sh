@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# `make test-builtin`: runs the builtin VMM's tests that need a standard
+# hardware KVM inside the test host, a QEMU TCG VM whose vCPU emulates AMD
+# SVM (`-cpu max`) and whose kernel (kernels/build.sh --flavor testhost) has
+# KVM and KVM_AMD built in. Our machines' own /dev/kvm is kvm_pvm, which
+# cannot boot a Linux guest; the test host's can (docs/testing.md).
+#
+# Usage: tests/testhost/run.sh TEST_BINARY
+#   TEST_BINARY is agentvm's static unit-test executable
+#   (`cargo test --release -p agentvm --lib --no-run`); the Makefile finds it.
+#
+# The test host boots from an initramfs holding busybox, TEST_BINARY, the
+# guest kernel and its own /init. The /init runs each step below and reports
+# over the serial console, one line per event:
+#   agentvm-testhost: begin STEP
+#   agentvm-testhost: pass STEP SECONDS | agentvm-testhost: fail STEP SECONDS rc=N
+#   agentvm-testhost: done passed=N failed=N
+# then `reboot -f` ends QEMU (-no-reboot). A test that prints `skipped:`
+# inside the test host fails its step: there, nothing may be skipped.
+# This script checks every step's line, the done line and QEMU's exit status,
+# prints the test host's boot time, and closes with
+# `test-builtin: N passed, N failed`. Exit 0 when all passed, 1 otherwise,
+# 77 (after `skipped: <why>`) when the test host cannot run here.
+#
+# Environment: TESTHOST_KERNEL (the test host's vmlinux; default: what
+# `kernels/build.sh --flavor testhost` prints, building it if needed),
+# AGENTVM_KERNEL (the guest kernel; default: what `kernels/build.sh`
+# prints), AGENTVM_TSC_KHZ (host TSC in kHz), TESTHOST_TIMEOUT (seconds
+# before QEMU is killed, default 900), TESTHOST_LOG (a file to copy the
+# console to).
+set -euo pipefail
+
+readonly MARK=agentvm-testhost
+# The steps the test host runs, in order; each must report `pass`.
+readonly STEPS=(kvm-amd-nested-paging real-kvm-tests linux-under-builtin-vmm)
+repo=$(dirname "$(dirname "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")")")
+timeout_s=${TESTHOST_TIMEOUT:-900}
+passed=0
+failed=0
+
+log() { printf 'test-builtin: %s\n' "$*"; }
+skip() {
+    printf 'skipped: %s\n' "$*"
+    log "0 passed, 0 failed, 1 skipped"
+    exit 77
+}
+pass() { passed=$((passed + 1)); log "ok   $*"; }
+fail() { failed=$((failed + 1)); log "FAIL $*"; }
+finish() {
+    log "$passed passed, $failed failed"
+    [[ $failed == 0 && $passed -gt 0 ]]
+}
+
+require_tools() {
+    command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 not found (Debian package qemu-system-x86)"
+    command -v cpio >/dev/null || skip "cpio not found (Debian package cpio)"
+    [[ -x /bin/busybox ]] || skip "/bin/busybox not found (Debian package busybox-static)"
+    if readelf -l /bin/busybox 2>/dev/null | grep -q INTERP; then
+        skip "/bin/busybox is dynamically linked (install busybox-static, not busybox)"
+    fi
+}
+
+# The host TSC frequency in kHz (as kernels/smoke-boot.sh finds it): under
+# TCG the test host's TSC is the host's and it cannot calibrate it quickly.
+host_tsc_khz() {
+    if [[ -n ${AGENTVM_TSC_KHZ:-} ]]; then
+        printf '%s\n' "$AGENTVM_TSC_KHZ"
+        return
+    fi
+    local mhz
+    mhz=$(dmesg 2>/dev/null | sed -n 's/.*tsc: Refined TSC clocksource calibration: \([0-9.]*\) MHz.*/\1/p' | tail -n1)
+    [[ -n $mhz ]] || mhz=$(dmesg 2>/dev/null | sed -n 's/.*tsc: Detected \([0-9.]*\) MHz processor.*/\1/p' | tail -n1)
+    if [[ -z $mhz ]] && grep -qw constant_tsc /proc/cpuinfo; then
+        mhz=$(awk -F': *' '/^cpu MHz/ { print $2; exit }' /proc/cpuinfo)
+    fi
+    [[ -n $mhz ]] || return 1
+    awk -v m="$mhz" 'BEGIN { printf "%d\n", m * 1000 + 0.5 }'
+}
+
+# The test host's /init.
+write_init() {
+    cat >"$1" <<EOF
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mkdir -p /proc /sys /dev /tmp
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp
+echo "$MARK: booted \$(cut -d' ' -f1 /proc/uptime)"
+passed=0
+failed=0
+# step NAME COMMAND...: runs COMMAND with its output on the console; the
+# step fails on a non-zero status or a test's 'skipped:' (at a line's start
+# or after the harness's 'test NAME ... ') in its output.
+step() {
+    name=\$1; shift
+    echo "$MARK: begin \$name"
+    t0=\$(cut -d' ' -f1 /proc/uptime)
+    "\$@" >/tmp/step.out 2>&1
+    rc=\$?
+    cat /tmp/step.out
+    if [ \$rc = 0 ] && grep -qE '(^|\.\.\. )skipped:' /tmp/step.out; then rc=skipped; fi
+    t=\$(awk -v a="\$t0" -v b="\$(cut -d' ' -f1 /proc/uptime)" 'BEGIN { printf "%.2f", b - a }')
+    if [ "\$rc" = 0 ]; then
+        passed=\$((passed + 1)); echo "$MARK: pass \$name \$t"
+    else
+        failed=\$((failed + 1)); echo "$MARK: fail \$name \$t rc=\$rc"
+    fi
+}
+kvm_amd() {
+    [ -c /dev/kvm ] || { echo "no /dev/kvm"; return 1; }
+    [ -d /sys/module/kvm_amd ] || { echo "kvm_amd is not loaded"; return 1; }
+    npt=\$(cat /sys/module/kvm_amd/parameters/npt)
+    echo "kvm_amd npt=\$npt nested=\$(cat /sys/module/kvm_amd/parameters/nested)"
+    grep -qw svm /proc/cpuinfo || { echo "no svm flag"; return 1; }
+    [ "\$npt" = Y ] || [ "\$npt" = 1 ]
+}
+export AGENTVM_KERNEL=/guest/vmlinux
+step kvm-amd-nested-paging kvm_amd
+step real-kvm-tests /bin/agentvm-tests --test-threads=1 --nocapture microvm::vmm::builtin::kvm_tests
+step linux-under-builtin-vmm /bin/agentvm-tests --test-threads=1 --nocapture microvm::vmm::builtin::linux_tests
+echo "$MARK: done passed=\$passed failed=\$failed"
+reboot -f
+EOF
+    chmod 0755 "$1"
+}
+
+main() {
+    [[ $# == 1 ]] || { echo "usage: tests/testhost/run.sh TEST_BINARY" >&2; exit 2; }
+    local tests=$1
+    require_tools
+    [[ -x $tests ]] || { fail "test binary $tests not found"; finish; }
+    if readelf -l "$tests" 2>/dev/null | grep -q INTERP; then
+        fail "test binary $tests is dynamically linked (the test host has no libraries)"
+        finish
+    fi
+    local khz
+    khz=$(host_tsc_khz) || skip "cannot tell the host TSC frequency (set AGENTVM_TSC_KHZ)"
+    local host_kernel=${TESTHOST_KERNEL:-} guest_kernel=${AGENTVM_KERNEL:-}
+    [[ -n $host_kernel ]] || host_kernel=$("$repo/kernels/build.sh" --flavor testhost)
+    [[ -n $guest_kernel ]] || guest_kernel=$("$repo/kernels/build.sh")
+    [[ -f $host_kernel ]] || { fail "test host kernel $host_kernel not found"; finish; }
+    [[ -f $guest_kernel ]] || { fail "guest kernel $guest_kernel not found"; finish; }
+
+    local tmp
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/agentvm-testhost.XXXXXX")
+    # shellcheck disable=SC2064 # expand now: the path is fixed
+    trap "rm -rf -- '$tmp'" EXIT
+    mkdir -p "$tmp/root/bin" "$tmp/root/guest" "$tmp/root/dev"
+    cp /bin/busybox "$tmp/root/bin/busybox"
+    cp "$tests" "$tmp/root/bin/agentvm-tests"
+    cp "$guest_kernel" "$tmp/root/guest/vmlinux"
+    write_init "$tmp/root/init"
+    (cd "$tmp/root" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) >"$tmp/initramfs.cpio"
+
+    local append="console=ttyS0 reboot=t panic=-1 no_timer_check tsc_early_khz=$khz tsc=reliable"
+    # shellcheck disable=SC2054 # the commas are QEMU's option syntax
+    local qemu=(qemu-system-x86_64 -M microvm,acpi=off -accel tcg -cpu max -m 1024 -smp 2
+        -nographic -no-reboot -kernel "$host_kernel" -initrd "$tmp/initramfs.cpio" -append "$append")
+    log "test host kernel $host_kernel, guest kernel $guest_kernel, tests $tests"
+    local t_start t_boot="" t_end line qemu_rc
+    t_start=$EPOCHREALTIME
+    set +e
+    timeout --kill-after=5 "$timeout_s" "${qemu[@]}" </dev/null 2>"$tmp/qemu.err" |
+        while IFS= read -r line; do
+            line=${line%$'\r'}
+            if [[ ! -e $tmp/t_boot && $line == "$MARK: booted "* ]]; then
+                printf '%s\n' "$EPOCHREALTIME" >"$tmp/t_boot"
+            fi
+            printf '%s\n' "$line" >>"$tmp/console.log"
+            printf '  | %s\n' "$line"
+        done
+    qemu_rc=${PIPESTATUS[0]}
+    set -e
+    t_end=$EPOCHREALTIME
+    t_boot=$(cat "$tmp/t_boot" 2>/dev/null || true)
+    [[ -z ${TESTHOST_LOG:-} ]] || cp "$tmp/console.log" "$TESTHOST_LOG"
+    [[ ! -s $tmp/qemu.err ]] || { log "QEMU's stderr:"; sed 's/^/  ! /' "$tmp/qemu.err"; }
+
+    if [[ -n $t_boot ]]; then
+        pass "test host reached its /init $(awk -v a="$t_start" -v b="$t_boot" 'BEGIN { printf "%.2f", b - a }') s after QEMU start"
+    else
+        fail "the test host's /init never reported (see the console above)"
+    fi
+    local name result
+    for name in "${STEPS[@]}"; do
+        result=$(grep -m1 -E "^$MARK: (pass|fail) $name " "$tmp/console.log" || true)
+        case $result in
+            "$MARK: pass $name "*) pass "$name (${result##* } s in the test host)" ;;
+            "") fail "$name: no result (the test host stopped early?)" ;;
+            *) fail "$name: ${result#"$MARK: fail $name "}" ;;
+        esac
+    done
+    if [[ $qemu_rc == 0 ]] && grep -q "^$MARK: done " "$tmp/console.log"; then
+        pass "test host ran reboot -f; QEMU exited 0 after $(awk -v a="$t_start" -v b="$t_end" 'BEGIN { printf "%.2f", b - a }') s"
+    else
+        fail "QEMU exit status $qemu_rc (124: killed after ${timeout_s}s); done line: $(grep -c "^$MARK: done " "$tmp/console.log" || true)"
+    fi
+    finish
+}
+
+main "$@"
