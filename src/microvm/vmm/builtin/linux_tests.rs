@@ -86,7 +86,7 @@ fn config(kernel: &Path, initramfs: &Path) -> VmConfig {
     VmConfig {
         name: "linux-test".into(),
         kernel: kernel.to_path_buf(),
-        initramfs: initramfs.to_path_buf(),
+        initramfs: Some(initramfs.to_path_buf()),
         // reboot=k: `reboot -f` pulses the i8042 reset line, which stops
         // the VM; panic=-1 turns a panic into the same (but the test
         // tells them apart by the console).
