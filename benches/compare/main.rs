@@ -32,8 +32,10 @@
 //! AGENTVM_BENCH_IDLE (c: idle containers per runtime, default 3),
 //! AGENTVM_BENCH_NET_SECONDS (d: length of each iperf3 and wrk run,
 //! default 5), AGENTVM_BENCH_NET_ROUNDS (d: cold-start rounds, default 10),
-//! AGENTVM_BENCH_REPORT (also write the markdown report to this file).
+//! AGENTVM_BENCH_REPORT (also write the markdown report to this file, and
+//! beside it, with the extension `.svg`, a chart of parts (a) and (c)).
 
+mod chart;
 mod docker_run;
 mod error;
 mod machine;
@@ -351,6 +353,7 @@ fn oci_part(
     ws: &oci::Workspace,
     runtimes: &[Runtime],
     floor: Option<&Floor>,
+    chart: &mut chart::Chart,
 ) -> anyhow::Result<(String, bool)> {
     reaper::set_subreaper(true)?;
     let pid = std::process::id();
@@ -368,6 +371,10 @@ fn oci_part(
     let rows: Vec<Row> = series
         .iter()
         .map(|s| Row::from_series(s, |p| p.total))
+        .collect();
+    chart.cold_start = rows
+        .iter()
+        .filter_map(|r| Some((r.name.to_string(), r.summary?.median.as_secs_f64() * 1e3)))
         .collect();
     let phases: Vec<(&'static str, Vec<Option<Duration>>)> = series
         .iter()
@@ -473,6 +480,7 @@ fn memory_part(
     opts: &Options,
     ws: &oci::Workspace,
     runtimes: &[Runtime],
+    chart: &mut chart::Chart,
 ) -> anyhow::Result<(String, bool)> {
     let bundle = ws.bundle_running("bundle-sleep", &["sleep", "1000"])?;
     reaper::set_subreaper(true)?;
@@ -533,6 +541,10 @@ fn memory_part(
     }
     reaper::set_subreaper(false)?;
     reaper::reap_orphans();
+    chart.idle_pss = rows
+        .iter()
+        .filter_map(|r| Some((r.name.to_string(), r.pss? as f64 / 1024.0)))
+        .collect();
     let section = format!(
         "## (c) Host memory per idle container (`sleep 1000`)\n\n\
          {} containers per runtime running at once, measured {} s after the last `start`; \
@@ -617,8 +629,9 @@ fn run() -> anyhow::Result<bool> {
     };
     let mut sections = Vec::new();
     let mut all_ok = true;
+    let mut chart = chart::Chart::default();
     if let (true, Some(ws)) = (opts.oci, &ws) {
-        let (section, ok) = oci_part(&opts, ws, &runtimes, floor.as_ref())?;
+        let (section, ok) = oci_part(&opts, ws, &runtimes, floor.as_ref(), &mut chart)?;
         sections.push(section);
         all_ok &= ok;
     }
@@ -629,7 +642,7 @@ fn run() -> anyhow::Result<bool> {
         versions.push(("docker".into(), docker_version));
     }
     if let (true, Some(ws)) = (opts.memory, &ws) {
-        let (section, ok) = memory_part(&opts, ws, &runtimes)?;
+        let (section, ok) = memory_part(&opts, ws, &runtimes, &mut chart)?;
         sections.push(section);
         all_ok &= ok;
     }
@@ -648,6 +661,16 @@ fn run() -> anyhow::Result<bool> {
     if let Some(path) = &opts.report {
         std::fs::write(path, &report)
             .with_context(|| format!("cannot write {}", path.display()))?;
+        if !chart.is_empty() {
+            let svg = path.with_extension("svg");
+            let title = format!(
+                "agentvm beside runc and crun, {}",
+                chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
+            );
+            std::fs::write(&svg, chart.svg(&title))
+                .with_context(|| format!("cannot write {}", svg.display()))?;
+            println!("chart: {}", svg.display());
+        }
     }
     Ok(all_ok)
 }
