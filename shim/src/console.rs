@@ -260,33 +260,11 @@ impl Console {
 }
 
 /// Copies the client's input into the terminal until its end of file.
-/// The terminal is not closed then (that would hang it up): a client that
-/// wants the process to see end of file types it (^D).
-fn copy_stdin(path: PathBuf, mut master: File) {
-    std::thread::spawn(move || {
-        // Blocks until the client opens its write end.
-        let mut fifo = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) => {
-                log::warn!("stdin FIFO {}: {e}", path.display());
-                return;
-            }
-        };
-        let mut buf = [0u8; 32 * 1024];
-        loop {
-            match fifo.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    let Some(chunk) = buf.get(..n) else { break };
-                    if master.write_all(chunk).is_err() {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-    });
+/// Only this copy of the master is closed then, not the terminal (that
+/// would hang it up): a client that wants the process to see end of file
+/// types it (^D).
+fn copy_stdin(path: PathBuf, master: File) {
+    stdio::copy_fifo_into(path, master);
 }
 
 #[cfg(test)]

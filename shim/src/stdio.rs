@@ -120,9 +120,17 @@ fn blocking(file: &File, stream: &'static str) -> Result<(), StdioError> {
 fn relay_stdin(path: &Path) -> Result<Stdio, StdioError> {
     let (read, write): (OwnedFd, OwnedFd) =
         nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(StdioError::Pipe)?;
-    let path = path.to_path_buf();
+    // When the copy ends, dropping the write end closes the pipe: the
+    // container reads end of file.
+    copy_fifo_into(path.to_path_buf(), File::from(write));
+    Ok(Stdio::from(read))
+}
+
+/// Copies what the client writes into the stdin FIFO at `path` to `sink`,
+/// on a thread of its own, until the client's end of file (or a write
+/// fails); then drops `sink`.
+pub(crate) fn copy_fifo_into(path: PathBuf, mut sink: File) {
     std::thread::spawn(move || {
-        let mut sink = File::from(write);
         // Blocks until the client opens its write end.
         let mut fifo = match File::open(&path) {
             Ok(f) => f,
@@ -145,7 +153,5 @@ fn relay_stdin(path: &Path) -> Result<Stdio, StdioError> {
                 Err(_) => break,
             }
         }
-        // Dropping `sink` closes the pipe: the container reads end of file.
     });
-    Ok(Stdio::from(read))
 }

@@ -310,10 +310,7 @@ impl Service {
             .ok_or_else(|| TaskError::NotFound(id.to_string()))?;
         let p = c
             .process_mut(exec_id)
-            .ok_or_else(|| TaskError::ExecNotFound {
-                id: id.to_string(),
-                exec_id: exec_id.to_string(),
-            })?;
+            .ok_or_else(|| missing_exec(id, exec_id))?;
         Ok(f(p))
     }
 
@@ -391,10 +388,7 @@ impl Service {
             let e = c
                 .execs
                 .get_mut(exec_id)
-                .ok_or_else(|| TaskError::ExecNotFound {
-                    id: id.to_string(),
-                    exec_id: exec_id.to_string(),
-                })?;
+                .ok_or_else(|| missing_exec(id, exec_id))?;
             let p = &e.process;
             if p.status != Status::CREATED || p.pid != 0 {
                 return Err(TaskError::State {
@@ -537,10 +531,7 @@ impl Service {
         let e = c
             .execs
             .get(exec_id)
-            .ok_or_else(|| TaskError::ExecNotFound {
-                id: id.to_string(),
-                exec_id: exec_id.to_string(),
-            })?;
+            .ok_or_else(|| missing_exec(id, exec_id))?;
         let p = &e.process;
         if p.exit.is_none() && p.status != Status::CREATED {
             return Err(TaskError::State {
@@ -782,10 +773,7 @@ impl containerd_shim::Task for Service {
                 .ok_or_else(|| TaskError::NotFound(req.id.clone()))?;
             let p = c
                 .process(&req.exec_id)
-                .ok_or_else(|| TaskError::ExecNotFound {
-                    id: req.id.clone(),
-                    exec_id: req.exec_id.clone(),
-                })?;
+                .ok_or_else(|| missing_exec(&req.id, &req.exec_id))?;
             if let Some((status, at)) = &p.exit {
                 return Ok(WaitResponse {
                     exit_status: *status,
@@ -944,6 +932,14 @@ impl containerd_shim::Task for Service {
         _req: containerd_shim::api::CheckpointTaskRequest,
     ) -> TtrpcResult<Empty> {
         not_implemented("checkpoint")
+    }
+}
+
+/// The error for an exec id the container does not have.
+fn missing_exec(id: &str, exec_id: &str) -> TaskError {
+    TaskError::ExecNotFound {
+        id: id.to_string(),
+        exec_id: exec_id.to_string(),
     }
 }
 

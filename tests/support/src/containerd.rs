@@ -47,16 +47,10 @@ pub fn containerd() -> Result<&'static Containerd, String> {
             if let Some(why) = host_unsuitable(&["containerd", "ctr", "containerd-shim-runc-v2"]) {
                 return Err(why);
             }
-            let instance = Instance {
+            Ok(Containerd::started(Instance {
                 name: "containerd",
                 path_first: None,
-            };
-            ensure_daemon(&instance);
-            Ok(Containerd {
-                runtime: Runtime::from_env(),
-                rootfs: rootfs::unpacked(),
-                instance,
-            })
+            }))
         })
         .as_ref()
         .map_err(Clone::clone)
@@ -78,19 +72,25 @@ pub fn containerd_for_shim() -> Result<&'static Containerd, String> {
                  (make integration-test builds it)",
                 shim.display()
             );
-            let instance = Instance {
+            Ok(Containerd::started(Instance {
                 name: "containerd-shim",
                 path_first: shim.parent().map(Path::to_path_buf),
-            };
-            ensure_daemon(&instance);
-            Ok(Containerd {
-                runtime: Runtime::from_env(),
-                rootfs: rootfs::unpacked(),
-                instance,
-            })
+            }))
         })
         .as_ref()
         .map_err(Clone::clone)
+}
+
+impl Containerd {
+    /// The daemon of `instance`, started if it does not run.
+    fn started(instance: Instance) -> Containerd {
+        ensure_daemon(&instance);
+        Containerd {
+            runtime: Runtime::from_env(),
+            rootfs: rootfs::unpacked(),
+            instance,
+        }
+    }
 }
 
 impl Instance {
