@@ -6,6 +6,8 @@ set -euo pipefail
 PACKAGES=(
   # build
   build-essential pkg-config libseccomp-dev
+  # libcontainer's cgroup v2 device filter (libbpf-sys, linked statically)
+  libelf-dev zlib1g-dev
   # the peers and clients the tests drive
   runc crun docker.io containerd podman
   # images and test tools

@@ -288,6 +288,18 @@ fn spec_writes_a_runnable_config_like_runc() {
             .expect("json");
     assert_eq!(config["process"]["terminal"], true);
     assert_eq!(config["root"]["path"], "rootfs");
+    // As runc's since 1.1.2 (CVE-2022-29162): no inheritable capabilities,
+    // and every device denied unless a rule allows it.
+    let caps = &config["process"]["capabilities"];
+    assert!(caps["bounding"].as_array().is_some_and(|b| !b.is_empty()));
+    assert!(
+        caps["inheritable"].as_array().is_none_or(|i| i.is_empty()),
+        "{caps}"
+    );
+    assert_eq!(
+        config["linux"]["resources"]["devices"],
+        serde_json::json!([{"allow": false, "access": "rwm"}])
+    );
     let out = f.agentvm(&["spec", "--bundle", dir.to_str().expect("utf-8")]);
     assert_one_clear_error(&f, &out, "exists");
 }

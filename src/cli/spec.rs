@@ -23,9 +23,15 @@ pub fn default_spec(rootless: bool) -> anyhow::Result<Spec> {
     } else {
         Spec::default()
     };
-    // runc's starter spec runs an interactive shell.
+    // runc's starter spec runs an interactive shell, with no inheritable
+    // capabilities (runc 1.1.2, CVE-2022-29162: an inheritable set lets a
+    // program with file capabilities gain them across execve).
     if let Some(mut p) = spec.process().clone() {
         p.set_terminal(Some(true));
+        if let Some(mut caps) = p.capabilities().clone() {
+            caps.set_inheritable(None);
+            p.set_capabilities(Some(caps));
+        }
         spec.set_process(Some(p));
     }
     spec.set_hostname(Some("agentvm".to_string()));
