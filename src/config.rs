@@ -185,6 +185,11 @@ pub struct MicrovmConfig {
     pub virtiofsd: Option<PathBuf>,
     /// Guest memory when the container sets no memory limit, in MiB.
     pub default_memory_mib: Option<u64>,
+    /// The RAM every microVM boots with when the container needs less, in
+    /// MiB: a balloon keeps the guest at what its limit needs, and
+    /// `update` can raise the limit up to this without a restart. Unset:
+    /// a VM's RAM is what its limit needs, and fixed.
+    pub memory_ceiling_mib: Option<u64>,
     /// vCPUs when the container sets no CPU limit.
     pub default_vcpus: Option<u32>,
     /// Seconds to wait for the guest to boot before giving up.
@@ -214,6 +219,13 @@ impl MicrovmConfig {
             if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&m) {
                 return Err(format!(
                     "microvm.default_memory_mib = {m}: must be {MIN_MEMORY_MIB} to {MAX_MEMORY_MIB} (MiB)"
+                ));
+            }
+        }
+        if let Some(m) = self.memory_ceiling_mib {
+            if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&m) {
+                return Err(format!(
+                    "microvm.memory_ceiling_mib = {m}: must be {MIN_MEMORY_MIB} to {MAX_MEMORY_MIB} (MiB)"
                 ));
             }
         }
@@ -357,6 +369,10 @@ mod tests {
             (
                 "[microvm]\ndefault_memory_mib = 9223372036854775807\n",
                 "default_memory_mib",
+            ),
+            (
+                "[microvm]\nmemory_ceiling_mib = 64\n",
+                "microvm.memory_ceiling_mib = 64",
             ),
             (
                 "[microvm]\nboot_timeout_secs = 0\n",

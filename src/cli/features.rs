@@ -117,8 +117,9 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
         Ok(h) => format!(
             "available: qemu microvm, {} ({}), IPv4 and IPv6 networking routed through the \
              container's namespace, egress policy by address and by name (--egress; a proxy checks TLS SNI and HTTP Host); refused: the host's network \
-             (--network host); not implemented yet: joining host namespaces \
-             by path, update of vCPUs/RAM after create",
+             (--network host); update of the memory limit past what the VM booted for, up to \
+             microvm.memory_ceiling_mib (a balloon); not implemented yet: joining host \
+             namespaces by path, update of vCPUs after create",
             h.accel.as_str(),
             h.accel_reason
         ),

@@ -53,7 +53,11 @@ pub struct GuestPlan {
     /// The rootfs first, then one entry per bind mount.
     pub staged: Vec<Staged>,
     pub vcpus: u32,
+    /// The VM's RAM.
     pub memory_mib: u64,
+    /// What the guest may use of it at first (a balloon holds the rest),
+    /// when that is less: the VM booted with the configured ceiling.
+    pub guest_ram_mib: Option<u64>,
     /// Settings the VM cannot honour, for the runtime log.
     pub warnings: Vec<String>,
 }
@@ -78,7 +82,8 @@ pub fn host_limits(full: &oci_spec::runtime::LinuxResources) -> oci_spec::runtim
 
 /// Refuses an `update` that would need a bigger VM than the one booted:
 /// vCPUs and RAM are fixed at create (no hotplug), limits within them are
-/// applied in the guest.
+/// applied in the guest (and a VM booted with the configured
+/// `memory_ceiling_mib` gives its guest more RAM by its balloon).
 pub fn check_update(
     resources: &oci_spec::runtime::LinuxResources,
     vcpus: u32,
@@ -94,7 +99,7 @@ pub fn check_update(
         if vcpus > 0 && (limit as u64).div_ceil(1 << 20) > room {
             return Err(format!(
                 "memory limit {} MiB exceeds what this microVM was booted with ({room} MiB for the \
-                 container): guest RAM is fixed at create",
+                 container): guest RAM is fixed at create (microvm.memory_ceiling_mib sets it)",
                 (limit as u64).div_ceil(1 << 20)
             ));
         }
@@ -112,6 +117,23 @@ pub fn check_update(
         }
     }
     Ok(())
+}
+
+/// The RAM the guest needs for the memory limit an `update` sets, in a VM
+/// of `vm_mib`: the limit and the guest's own overhead, at most the VM;
+/// the whole VM for `-1` (unlimited); `None` when the update sets no
+/// memory limit.
+pub fn guest_ram_for(resources: &oci_spec::runtime::LinuxResources, vm_mib: u64) -> Option<u64> {
+    let limit = resources.memory().as_ref().and_then(|m| m.limit())?;
+    if limit < 0 {
+        return Some(vm_mib);
+    }
+    let mib = (limit as u64).div_ceil(1 << 20);
+    Some(
+        mib.saturating_add(MEMORY_OVERHEAD_MIB)
+            .max(MIN_MEMORY_MIB)
+            .min(vm_mib),
+    )
 }
 
 /// Builds the guest plan. `bundle` resolves relative paths; `rootfs` is the
@@ -228,11 +250,16 @@ pub fn plan(
         .map(|n| n.get() as u32)
         .unwrap_or(1);
     vcpus = vcpus.clamp(1, host_cpus.max(1));
+    let (memory_mib, guest_ram_mib) = match config.microvm.memory_ceiling_mib {
+        Some(ceiling) if ceiling > memory_mib => (ceiling, Some(memory_mib)),
+        _ => (memory_mib, None),
+    };
     Ok(GuestPlan {
         spec,
         staged,
         vcpus,
         memory_mib,
+        guest_ram_mib,
         warnings,
     })
 }

@@ -79,7 +79,10 @@ if [ -z "$microvm_skip" ]; then
     else
         cfg_dir="$(mktemp -d "${TMPDIR:-/tmp}/oci-validate-microvm.XXXXXX")"
         cfg="$cfg_dir/config.toml"
-        printf '[microvm]\nkernel = "%s"\nvirtiofsd = "%s"\n' \
+        # A ceiling lets `update` raise a memory limit past what the VM
+        # booted for (the balloon gives the guest the RAM), as an operator
+        # who wants `docker update --memory` to work would configure it.
+        printf '[microvm]\nkernel = "%s"\nvirtiofsd = "%s"\nmemory_ceiling_mib = 1024\n' \
             "$kernel_cache/$key/vmlinux" "$virtiofsd" >"$cfg"
         # `agentvm check` finds QEMU and the rest exactly as `create` will.
         if why="$("$bin/agentvm" --config "$cfg" check 2>&1)"; then

@@ -167,6 +167,16 @@ pub struct Booted {
     pub ndp: Vec<crate::ndp::NdpProxy>,
     /// The egress policy's daemon, if there is a policy.
     pub egress: Option<EgressDaemon>,
+    /// How much of the VM's RAM the guest may use, where a balloon sets it
+    /// (the VM booted with `microvm.memory_ceiling_mib`).
+    pub guest_ram: Option<GuestRam>,
+}
+
+/// The guest's share of its VM's RAM, and the VMM's control of it.
+pub struct GuestRam {
+    pub control: Box<dyn super::vmm::GuestRam>,
+    pub current_mib: u64,
+    pub vm_mib: u64,
 }
 
 /// The egress daemon, and the pipe whose closing ends it.
@@ -341,6 +351,22 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     );
     trace.mark("share");
     let mut vm = backend.launch(&config)?;
+    // A VM booted with the configured ceiling starts its guest with what
+    // the limit needs; the balloon holds the rest until an update.
+    let guest_ram = match (plan.guest_ram_mib, vm.take_guest_ram()) {
+        (Some(mib), Some(mut control)) => {
+            if let Err(e) = control.set_guest_ram(mib) {
+                vm.kill();
+                return Err(e.into());
+            }
+            Some(GuestRam {
+                control,
+                current_mib: mib,
+                vm_mib: plan.memory_mib,
+            })
+        }
+        _ => None,
+    };
     trace.mark("vmm launch");
     let timeout = args.config.microvm.boot_timeout();
     let mut guest_log = guest_log::GuestLog::new(Instant::now());
@@ -431,6 +457,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         dns,
         ndp,
         egress: egress_daemon,
+        guest_ram,
     })
 }
 

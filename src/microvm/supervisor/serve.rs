@@ -139,6 +139,8 @@ struct Shared {
     /// (a `start` whose workload was killed at once saw "control channel
     /// closed") nor lands a `start`'s "running" after the final "stopped".
     answering: (Mutex<usize>, std::sync::Condvar),
+    /// The balloon's side of `update`, where the VM has one to change.
+    guest_ram: Mutex<Option<super::GuestRam>>,
 }
 
 /// Counts one CLI request in [`Shared::answering`] while it lives.
@@ -218,6 +220,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         dns,
         ndp,
         egress,
+        guest_ram,
     } = booted;
     // From here on the supervisor only relays: jail it before any thread
     // exists, so all of them inherit the jail.
@@ -260,6 +263,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         events: events_tx.clone(),
         dir: args.dir.clone(),
         answering: Default::default(),
+        guest_ram: Mutex::new(guest_ram),
     });
     spawn_reader(shared.clone(), guest);
     spawn_stdin(
@@ -575,15 +579,48 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
         }),
         SupervisorRequest::Ps => shared.request(&HostMessage::Ps),
         SupervisorRequest::Stats => shared.request(&HostMessage::Stats),
-        SupervisorRequest::Update { resources } => shared.request(&HostMessage::Update {
-            resources: resources.clone(),
-        }),
+        SupervisorRequest::Update { resources } => update(&shared, resources),
         SupervisorRequest::Exec { process } => {
             return exec(shared, conn, process.clone());
         }
     };
     let reply = reply.unwrap_or_else(|message| Reply::Error { message });
     let _ = Frame::control(&reply).write_to(&mut conn);
+}
+
+/// `update`: the container's limits change in the guest; a memory limit
+/// that needs more RAM than the guest has gets it from the balloon first,
+/// one that needs less gives it back after the guest's limit is lower (so
+/// the balloon never takes pages the container is still allowed to use).
+fn update(shared: &Shared, resources: &oci_spec::runtime::LinuxResources) -> Result<Reply, String> {
+    let mut ram = shared.guest_ram.lock().unwrap_or_else(|e| e.into_inner());
+    let change = ram.as_ref().and_then(|r| {
+        crate::microvm::spec::guest_ram_for(resources, r.vm_mib).map(|t| (t, r.current_mib))
+    });
+    let set = |ram: &mut Option<super::GuestRam>, mib: u64| -> Result<(), String> {
+        if let Some(r) = ram.as_mut() {
+            r.control.set_guest_ram(mib).map_err(|e| e.to_string())?;
+            r.current_mib = mib;
+        }
+        Ok(())
+    };
+    if let Some((target, current)) = change.filter(|(t, c)| t > c) {
+        set(&mut ram, target)?;
+        let reply = shared.request(&HostMessage::Update {
+            resources: Box::new(resources.clone()),
+        });
+        if !matches!(reply, Ok(Reply::Ok)) {
+            let _ = set(&mut ram, current);
+        }
+        return reply;
+    }
+    let reply = shared.request(&HostMessage::Update {
+        resources: Box::new(resources.clone()),
+    })?;
+    if let (Reply::Ok, Some((target, _))) = (&reply, change.filter(|(t, c)| t < c)) {
+        set(&mut ram, target)?;
+    }
+    Ok(reply)
 }
 
 /// The request that runs the spec's startContainer hooks in the guest,
@@ -734,6 +771,7 @@ mod tests {
             events: tx,
             dir: std::env::temp_dir(),
             answering: Default::default(),
+            guest_ram: Mutex::new(None),
         });
         spawn_reader(shared.clone(), host);
         Fixture {
@@ -762,6 +800,62 @@ mod tests {
                 _ => None,
             }
         }
+    }
+
+    /// A balloon that records its targets in `log`, as `ram <MiB>`.
+    struct FakeRam(Arc<Mutex<Vec<String>>>);
+
+    impl crate::microvm::vmm::GuestRam for FakeRam {
+        fn set_guest_ram(&mut self, mib: u64) -> Result<(), crate::microvm::vmm::VmmError> {
+            self.0.lock().unwrap().push(format!("ram {mib}"));
+            Ok(())
+        }
+    }
+
+    /// Runs `update` with a memory `limit` (bytes) on a VM of 1024 MiB whose
+    /// guest has 192 MiB, the guest answering `answer`; returns the order
+    /// of what happened (balloon targets and the guest's update).
+    fn update_order(limit: i64, answer: Reply) -> (Vec<String>, Result<Reply, String>) {
+        let mut f = fixture();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        *f.shared.guest_ram.lock().unwrap() = Some(super::super::GuestRam {
+            control: Box::new(FakeRam(log.clone())),
+            current_mib: 192,
+            vm_mib: 1024,
+        });
+        let mut memory = oci_spec::runtime::LinuxMemory::default();
+        memory.set_limit(Some(limit));
+        let mut resources = oci_spec::runtime::LinuxResources::default();
+        resources.set_memory(Some(memory));
+        let shared = f.shared.clone();
+        let asker = std::thread::spawn(move || update(&shared, &resources));
+        assert!(matches!(f.next_request(), HostMessage::Update { .. }));
+        log.lock().unwrap().push("guest".into());
+        f.send(&GuestMessage::Reply(answer));
+        let reply = asker.join().unwrap();
+        let order = log.lock().unwrap().clone();
+        (order, reply)
+    }
+
+    #[test]
+    fn update_raises_the_balloon_before_the_limit_and_lowers_it_after() {
+        let (order, reply) = update_order(512 << 20, Reply::Ok);
+        assert!(matches!(reply, Ok(Reply::Ok)));
+        assert_eq!(order, ["ram 576", "guest"]);
+        let (order, _) = update_order(64 << 20, Reply::Ok);
+        assert_eq!(order, ["guest", "ram 128"]);
+        // Unlimited: the whole VM.
+        let (order, _) = update_order(-1, Reply::Ok);
+        assert_eq!(order, ["ram 1024", "guest"]);
+        // The guest refused the higher limit: the balloon goes back.
+        let refused = Reply::Error {
+            message: "no".into(),
+        };
+        let (order, _) = update_order(512 << 20, refused.clone());
+        assert_eq!(order, ["ram 576", "guest", "ram 192"]);
+        // ... and a lower limit refused leaves the guest its RAM.
+        let (order, _) = update_order(64 << 20, refused);
+        assert_eq!(order, ["guest"]);
     }
 
     #[test]

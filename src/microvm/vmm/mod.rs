@@ -12,6 +12,7 @@ pub mod builtin;
 pub mod choice;
 pub mod jail;
 pub mod qemu;
+pub mod qmp;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmmError {
@@ -27,6 +28,8 @@ pub enum VmmError {
     },
     #[error("cannot build the VMM's jail: {0}")]
     Jail(#[from] jail::JailError),
+    #[error("cannot change the guest's RAM: {0}")]
+    GuestRam(#[from] qmp::QmpError),
 }
 
 /// What to boot.
@@ -42,6 +45,7 @@ pub struct VmConfig {
     pub initramfs: Option<PathBuf>,
     pub cmdline: String,
     pub vcpus: u32,
+    /// The VM's RAM: the most the guest can ever use.
     pub memory_mib: u64,
     /// Host directory exported to the guest with the tag
     /// `protocol::SHARE_TAG`.
@@ -84,6 +88,22 @@ pub trait Vm: Send {
     /// Host processes that run the VM besides the supervisor (none for an
     /// in-process VMM): the only ones the jailed supervisor may signal.
     fn host_pids(&self) -> Vec<i32>;
+    /// The control of how much of its RAM the guest may use (a balloon
+    /// holds the rest), handed out once; `None` where the VMM has none.
+    fn take_guest_ram(&mut self) -> Option<Box<dyn GuestRam>>;
+}
+
+/// Sets how much of the VM's RAM the guest may use: a balloon in the guest
+/// holds the rest, which the host then does not back. A raise gives the
+/// guest back what a lower target took (up to the VM's RAM).
+pub trait GuestRam: Send {
+    fn set_guest_ram(&mut self, mib: u64) -> Result<(), VmmError>;
+}
+
+impl GuestRam for qmp::Qmp {
+    fn set_guest_ram(&mut self, mib: u64) -> Result<(), VmmError> {
+        Ok(qmp::Qmp::set_guest_ram(self, mib)?)
+    }
 }
 
 /// A VMM implementation: boots a [`VmConfig`].
@@ -113,6 +133,8 @@ pub struct Helper {
 /// supervisor that die with it.
 pub struct ProcessVm {
     pub processes: Vec<Helper>,
+    /// The VMM's control of the guest's RAM, until taken.
+    pub guest_ram: Option<Box<dyn GuestRam>>,
 }
 
 /// The last `window` bytes of a log that the guest (or a VMM echoing it)
@@ -175,6 +197,10 @@ impl Vm for ProcessVm {
 
     fn host_pids(&self) -> Vec<i32> {
         self.processes.iter().map(|h| h.child.id() as i32).collect()
+    }
+
+    fn take_guest_ram(&mut self) -> Option<Box<dyn GuestRam>> {
+        self.guest_ram.take()
     }
 }
 

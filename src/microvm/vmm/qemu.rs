@@ -32,7 +32,8 @@ const FS_SOCKET: &str = "virtiofsd.sock";
 /// virtiofsd gets its listening socket as this fd.
 const VIRTIOFSD_FD: i32 = 3;
 /// QEMU's first passed descriptor: the taps (one per NIC, in order), then
-/// the control socket, the vhost-user socket and the console log.
+/// the control socket, the vhost-user socket, the console log and QEMU's
+/// end of the QMP socketpair.
 const FIRST_FD: RawFd = 3;
 /// QEMU's root directory, in the run directory (mounted in the
 /// supervisor's namespace only).
@@ -49,6 +50,7 @@ struct QemuFds {
     control: RawFd,
     fs: RawFd,
     console: RawFd,
+    qmp: RawFd,
 }
 
 impl QemuFds {
@@ -59,11 +61,12 @@ impl QemuFds {
             control: after,
             fs: after + 1,
             console: after + 2,
+            qmp: after + 3,
         }
     }
 
     fn end(&self) -> RawFd {
-        self.console + 1
+        self.qmp + 1
     }
 }
 
@@ -238,6 +241,15 @@ impl Qemu {
         push(&format!("virtserialport,chardev=ctl,name={PORT_NAME}"));
         push("-device");
         push("virtio-rng-device");
+        // The balloon holds the RAM the guest may not use (a limit below
+        // the VM's size: see `GuestRam`), and pages the guest frees go back
+        // to the host (free page reporting). QMP, on a socketpair, sets it.
+        push("-device");
+        push("virtio-balloon-device,free-page-reporting=on");
+        push("-chardev");
+        push(&format!("socket,id=qmp,fd={}", fds.qmp));
+        push("-mon");
+        push("chardev=qmp,mode=control");
         let vhost = uses_vhost(config);
         for (i, nic) in config.nics.iter().enumerate() {
             push("-netdev");
@@ -264,7 +276,11 @@ impl Qemu {
     /// log and starts QEMU. The supervisor's copies of the descriptors
     /// close when this returns, so QEMU's are the only ones: its death is
     /// the channel's end.
-    fn start_qemu(&self, config: &VmConfig, fs: &UnixStream) -> Result<Helper, VmmError> {
+    fn start_qemu(
+        &self,
+        config: &VmConfig,
+        fs: &UnixStream,
+    ) -> Result<(Helper, super::qmp::Qmp), VmmError> {
         let root = self.jail(config)?;
         let name = config.control_socket.to_string_lossy();
         let control = crate::microvm::sock::connect(&config.run_dir, &name).map_err(|source| {
@@ -282,11 +298,16 @@ impl Qemu {
                 what: format!("open {}", config.console_log.display()),
                 source,
             })?;
-        self.spawn_qemu(config, &root, &control, fs, &console)
+        let (qmp, qemu_qmp) = UnixStream::pair().map_err(|source| VmmError::Setup {
+            what: "the QMP socketpair".into(),
+            source,
+        })?;
+        let qemu = self.spawn_qemu(config, &root, &control, fs, &console, &qemu_qmp)?;
+        Ok((qemu, super::qmp::Qmp::new(qmp)))
     }
 
-    /// Starts QEMU in its jail with `fds` (control, vhost-user, console)
-    /// and the taps as its only descriptors besides stdio.
+    /// Starts QEMU in its jail with `fds` (control, vhost-user, console,
+    /// QMP) and the taps as its only descriptors besides stdio.
     fn spawn_qemu(
         &self,
         config: &VmConfig,
@@ -294,6 +315,7 @@ impl Qemu {
         control: &UnixStream,
         fs: &UnixStream,
         console: &std::fs::File,
+        qmp: &UnixStream,
     ) -> Result<Helper, VmmError> {
         let fds = QemuFds::for_nics(config.nics.len());
         let log = config.run_dir.join("qemu.log");
@@ -304,7 +326,12 @@ impl Qemu {
             .stdout(Stdio::null())
             .stderr(log_file(&log));
         let mut passed: Vec<RawFd> = config.nics.iter().map(|n| n.tap.as_raw_fd()).collect();
-        passed.extend([control.as_raw_fd(), fs.as_raw_fd(), console.as_raw_fd()]);
+        passed.extend([
+            control.as_raw_fd(),
+            fs.as_raw_fd(),
+            console.as_raw_fd(),
+            qmp.as_raw_fd(),
+        ]);
         place_fds(&mut cmd, passed, FIRST_FD);
         inherit_below(&mut cmd, fds.end() as u32);
         // The jail last but for the parent-death signal, which the change
@@ -349,11 +376,13 @@ impl Backend for Qemu {
                 child: virtiofsd,
                 log: Some(config.run_dir.join("virtiofsd.log")),
             }],
+            guest_ram: None,
         };
         // The jail is built while virtiofsd starts.
         match self.start_qemu(config, &fs) {
-            Ok(qemu) => {
+            Ok((qemu, qmp)) => {
                 vm.processes.insert(0, qemu);
+                vm.guest_ram = Some(Box::new(qmp));
                 Ok(Box::new(vm))
             }
             Err(e) => {
