@@ -401,10 +401,25 @@ fn measure(ctx: &Ctx, web: &mut Web, name: &'static str, docker_name: &str) -> F
 
     let (into, out_of) = match &ctx.tools.iperf3 {
         Ok(iperf3) => {
+            // `iperf3 -s` serves one test at a time and listens again
+            // after it: in a slow guest the second client can come first.
+            let run = |reverse: bool| {
+                let mut tries = 0;
+                loop {
+                    let r = tools::iperf3(Command::new(iperf3), &ip, IPERF_PORT, secs, reverse);
+                    match &r {
+                        Err(e) if e.contains("Connection refused") && tries < 20 => {
+                            tries += 1;
+                            std::thread::sleep(std::time::Duration::from_millis(250));
+                        }
+                        _ => return r,
+                    }
+                }
+            };
             step("iperf3, host → container");
-            let a = tools::iperf3(Command::new(iperf3), &ip, IPERF_PORT, secs, false);
+            let a = run(false);
             step("iperf3, container → host");
-            let b = tools::iperf3(Command::new(iperf3), &ip, IPERF_PORT, secs, true);
+            let b = run(true);
             (Cell::from(a), Cell::from(b))
         }
         Err(why) => (Cell::skipped(why), Cell::skipped(why)),
