@@ -328,6 +328,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         cmdline,
         vcpus: plan.vcpus,
         memory_mib: plan.memory_mib,
+        balloon: plan.guest_ram_mib.is_some(),
         share_dir,
         control_socket: CONTROL_SOCKET.into(),
         console_log: dir.join(CONSOLE_LOG),

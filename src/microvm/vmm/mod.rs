@@ -47,6 +47,11 @@ pub struct VmConfig {
     pub vcpus: u32,
     /// The VM's RAM: the most the guest can ever use.
     pub memory_mib: u64,
+    /// A balloon, so that the guest can be given less than `memory_mib`
+    /// and more later ([`Vm::take_guest_ram`]); only where it is used
+    /// (probing it costs every boot a little, and its free page
+    /// reporting gave back nothing measurable from an idle guest).
+    pub balloon: bool,
     /// Host directory exported to the guest with the tag
     /// `protocol::SHARE_TAG`.
     pub share_dir: PathBuf,

@@ -50,23 +50,24 @@ struct QemuFds {
     control: RawFd,
     fs: RawFd,
     console: RawFd,
-    qmp: RawFd,
+    /// Where the VM has a balloon to set.
+    qmp: Option<RawFd>,
 }
 
 impl QemuFds {
-    fn for_nics(n: usize) -> QemuFds {
+    fn new(n: usize, balloon: bool) -> QemuFds {
         let after = FIRST_FD + n as RawFd;
         QemuFds {
             taps: (FIRST_FD..after).collect(),
             control: after,
             fs: after + 1,
             console: after + 2,
-            qmp: after + 3,
+            qmp: balloon.then_some(after + 3),
         }
     }
 
     fn end(&self) -> RawFd {
-        self.qmp + 1
+        self.qmp.unwrap_or(self.console) + 1
     }
 }
 
@@ -244,12 +245,14 @@ impl Qemu {
         // The balloon holds the RAM the guest may not use (a limit below
         // the VM's size: see `GuestRam`), and pages the guest frees go back
         // to the host (free page reporting). QMP, on a socketpair, sets it.
-        push("-device");
-        push("virtio-balloon-device,free-page-reporting=on");
-        push("-chardev");
-        push(&format!("socket,id=qmp,fd={}", fds.qmp));
-        push("-mon");
-        push("chardev=qmp,mode=control");
+        if let Some(qmp) = fds.qmp {
+            push("-device");
+            push("virtio-balloon-device,free-page-reporting=on");
+            push("-chardev");
+            push(&format!("socket,id=qmp,fd={qmp}"));
+            push("-mon");
+            push("chardev=qmp,mode=control");
+        }
         let vhost = uses_vhost(config);
         for (i, nic) in config.nics.iter().enumerate() {
             push("-netdev");
@@ -280,7 +283,7 @@ impl Qemu {
         &self,
         config: &VmConfig,
         fs: &UnixStream,
-    ) -> Result<(Helper, super::qmp::Qmp), VmmError> {
+    ) -> Result<(Helper, Option<super::qmp::Qmp>), VmmError> {
         let root = self.jail(config)?;
         let name = config.control_socket.to_string_lossy();
         let control = crate::microvm::sock::connect(&config.run_dir, &name).map_err(|source| {
@@ -298,12 +301,17 @@ impl Qemu {
                 what: format!("open {}", config.console_log.display()),
                 source,
             })?;
-        let (qmp, qemu_qmp) = UnixStream::pair().map_err(|source| VmmError::Setup {
-            what: "the QMP socketpair".into(),
-            source,
-        })?;
-        let qemu = self.spawn_qemu(config, &root, &control, fs, &console, &qemu_qmp)?;
-        Ok((qemu, super::qmp::Qmp::new(qmp)))
+        let qmp = if config.balloon {
+            Some(UnixStream::pair().map_err(|source| VmmError::Setup {
+                what: "the QMP socketpair".into(),
+                source,
+            })?)
+        } else {
+            None
+        };
+        let qemu_end = qmp.as_ref().map(|(_, theirs)| theirs);
+        let qemu = self.spawn_qemu(config, &root, &control, fs, &console, qemu_end)?;
+        Ok((qemu, qmp.map(|(ours, _)| super::qmp::Qmp::new(ours))))
     }
 
     /// Starts QEMU in its jail with `fds` (control, vhost-user, console,
@@ -315,9 +323,9 @@ impl Qemu {
         control: &UnixStream,
         fs: &UnixStream,
         console: &std::fs::File,
-        qmp: &UnixStream,
+        qmp: Option<&UnixStream>,
     ) -> Result<Helper, VmmError> {
-        let fds = QemuFds::for_nics(config.nics.len());
+        let fds = QemuFds::new(config.nics.len(), qmp.is_some());
         let log = config.run_dir.join("qemu.log");
         let mut cmd = Command::new(&self.qemu);
         cmd.args(self.qemu_args(config, &fds))
@@ -326,12 +334,8 @@ impl Qemu {
             .stdout(Stdio::null())
             .stderr(log_file(&log));
         let mut passed: Vec<RawFd> = config.nics.iter().map(|n| n.tap.as_raw_fd()).collect();
-        passed.extend([
-            control.as_raw_fd(),
-            fs.as_raw_fd(),
-            console.as_raw_fd(),
-            qmp.as_raw_fd(),
-        ]);
+        passed.extend([control.as_raw_fd(), fs.as_raw_fd(), console.as_raw_fd()]);
+        passed.extend(qmp.map(|q| q.as_raw_fd()));
         place_fds(&mut cmd, passed, FIRST_FD);
         inherit_below(&mut cmd, fds.end() as u32);
         // The jail last but for the parent-death signal, which the change
@@ -382,7 +386,7 @@ impl Backend for Qemu {
         match self.start_qemu(config, &fs) {
             Ok((qemu, qmp)) => {
                 vm.processes.insert(0, qemu);
-                vm.guest_ram = Some(Box::new(qmp));
+                vm.guest_ram = qmp.map(|q| Box::new(q) as Box<dyn super::GuestRam>);
                 Ok(Box::new(vm))
             }
             Err(e) => {

@@ -395,6 +395,7 @@ fn vm_config(kernel: &std::path::Path, vcpus: u32) -> crate::microvm::vmm::VmCon
         cmdline: "console=ttyS0 reboot=k".into(),
         vcpus,
         memory_mib: 32,
+        balloon: false,
         share_dir: std::path::PathBuf::new(),
         control_socket: std::path::PathBuf::new(),
         console_log: std::path::PathBuf::new(),

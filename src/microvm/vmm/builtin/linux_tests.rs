@@ -93,6 +93,7 @@ fn config(kernel: &Path, initramfs: &Path) -> VmConfig {
         cmdline: "console=ttyS0 reboot=k panic=-1 tsc=reliable".into(),
         vcpus: 2,
         memory_mib: 256,
+        balloon: false,
         share_dir: PathBuf::new(),
         control_socket: PathBuf::new(),
         console_log: PathBuf::new(),
