@@ -9,7 +9,7 @@ use libcontainer::syscall::syscall::SyscallType;
 
 use super::idmap::MapHelpers;
 use super::workload::Workload;
-use super::{console, cwd, fixup, lc_error, lsm, ContainerError};
+use super::{cgroups, console, cwd, fixup, lc_error, lsm, ContainerError};
 use crate::bundle::Bundle;
 use crate::config::Isolation;
 use crate::context::Context;
@@ -130,10 +130,11 @@ fn init_pid(container: &Container) -> Result<i32, ContainerError> {
 }
 
 /// What libcontainer left out, done while the init waits for `start`: the
-/// mounts' flags and propagation, loopback in a new network namespace, and
-/// the terminal's size.
+/// mounts' flags and propagation, loopback in a new network namespace, the
+/// terminal's size and a disabled OOM killer.
 fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> {
     let pid = init_pid(container)?;
+    cgroups::apply_oom_killer(container, &bundle.spec)?;
     fixup::apply(pid, &fixup::plan(&bundle.spec))?;
     if fixup::new_network_namespace(&bundle.spec) {
         fixup::loopback_up(pid)?;

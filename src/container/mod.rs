@@ -8,7 +8,8 @@
 //! failures, foreground `run`/`exec` with signal forwarding and a real pty,
 //! and what libcontainer 0.7 leaves out: mount flags and propagation
 //! (`fixup`), `consoleSize` (`console`), a missing cwd (`cwd`), refusing
-//! SELinux labels it cannot apply (`lsm`), multi-range id maps (`idmap`).
+//! SELinux labels it cannot apply (`lsm`), multi-range id maps (`idmap`),
+//! cgroup settings and `exec --cgroup` as runc applies them (`cgroups`).
 
 use std::path::{Path, PathBuf};
 
@@ -20,6 +21,7 @@ use crate::context::Context;
 use crate::state::{self, Record};
 use crate::tier::RuncState;
 
+pub mod cgroups;
 pub mod console;
 pub mod create;
 pub mod cwd;
@@ -57,6 +59,8 @@ pub enum ContainerError {
     Fixup(#[from] fixup::FixupError),
     #[error(transparent)]
     Console(#[from] console::ConsoleError),
+    #[error(transparent)]
+    Cgroups(#[from] cgroups::CgroupError),
     #[error("cannot read process file {path}: {message}")]
     ProcessFile { path: PathBuf, message: String },
     #[error(transparent)]
@@ -210,7 +214,8 @@ pub fn cgroup_manager(container: &Container) -> Result<AnyCgroupManager, Contain
     })
 }
 
-/// Applies new cgroup limits to a container (`update`).
+/// Applies new cgroup limits to a container (`update`), keeping the OOM
+/// killer as `create` left it.
 pub fn update(
     container: &Container,
     resources: &oci_spec::runtime::LinuxResources,
@@ -218,7 +223,7 @@ pub fn update(
     cgroup_manager(container)?
         .apply(&libcgroups::common::ControllerOpt {
             resources,
-            disable_oom_killer: false,
+            disable_oom_killer: cgroups::oom_killer_is_disabled(container),
             oom_score_adj: None,
             freezer_state: None,
         })

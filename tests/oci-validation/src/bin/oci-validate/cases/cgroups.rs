@@ -15,6 +15,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("cgroups-inside", inside),
     ("cgroups-host", host),
     ("cgroups-update-values", update_values),
+    ("cgroups-oom-killer", oom_killer),
 ];
 
 /// One cgroup interface file: v1 controller, v1 file and value, v2 file and
@@ -325,6 +326,73 @@ fn update_values(ctx: &mut Ctx) -> Result<()> {
             out.code == Some(1) && out.stderr.contains("invalid value for memory"),
             || out.describe(),
         );
+    }
+    Ok(())
+}
+
+/// The `oom_kill_disable` line of `pid`'s v1 memory cgroup, read on the
+/// host; `None` when the host has no v1 memory hierarchy.
+fn oom_kill_disable(pid: i32) -> Result<Option<String>> {
+    let (Some(mnt), Some(path)) = (
+        host_mount(Some("memory")),
+        proc_cgroup(pid, Some("memory"))?,
+    ) else {
+        return Ok(None);
+    };
+    let f = mnt
+        .join(path.trim_start_matches('/'))
+        .join("memory.oom_control");
+    let text = std::fs::read_to_string(&f).with_context(|| format!("read {}", f.display()))?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill_disable "))
+        .map(|v| v.trim().to_string()))
+}
+
+/// `linux.resources.memory.disableOOMKiller` writes `1` to the v1
+/// `memory.oom_control` (runc ignores it on cgroup v2), and `update` keeps
+/// it; without it the OOM killer stays on.
+fn oom_killer(ctx: &mut Ctx) -> Result<()> {
+    if host_mount(Some("memory")).is_none() {
+        for name in [
+            "disableOOMKiller: oom_kill_disable 1",
+            "after update: oom_kill_disable 1",
+            "without disableOOMKiller: oom_kill_disable 0",
+        ] {
+            ctx.record(
+                name,
+                Outcome::Skip("the host has no v1 memory cgroup".into()),
+            );
+        }
+        return Ok(());
+    }
+    for (disable, name) in [
+        (true, "disableOOMKiller: oom_kill_disable 1"),
+        (false, "without disableOOMKiller: oom_kill_disable 0"),
+    ] {
+        let id = ctx.id();
+        let mut b = ctx.bundle()?;
+        b.set("/linux/cgroupsPath", json!(ctx.cgroup_path(&id)));
+        b.set(
+            "/linux/resources/memory",
+            json!({"limit": 67108864, "disableOOMKiller": disable}),
+        );
+        let pid = ctx.start_sleeper_as(&mut b, &id)?;
+        let want = if disable { "1" } else { "0" };
+        let got = oom_kill_disable(pid)?;
+        ctx.check(name, got.as_deref() == Some(want), || {
+            format!("oom_kill_disable is {got:?}")
+        });
+        if disable {
+            let out = ctx.rt.run(&["update", "--memory", "134217728", &id])?;
+            let got = oom_kill_disable(pid)?;
+            ctx.check(
+                "after update: oom_kill_disable 1",
+                out.success() && got.as_deref() == Some("1"),
+                || format!("update: {}; oom_kill_disable is {got:?}", out.describe()),
+            );
+        }
+        ctx.rt.quiet(&["delete", "--force", &id]);
     }
     Ok(())
 }
