@@ -9,6 +9,7 @@ use libcontainer::syscall::syscall::SyscallType;
 use nix::unistd::Pid;
 use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompAction, Process, Spec};
 
+use super::cgroups::{self, JoinCgroups};
 use super::console::SizedExec;
 use super::workload::Workload;
 use super::{lc_error, lsm, ContainerError};
@@ -30,7 +31,8 @@ pub struct ExecOptions {
     pub preserve_fds: i32,
     pub args: Vec<String>,
     pub ignore_paused: bool,
-    pub sub_cgroup: Option<String>,
+    /// `exec --cgroup` values (see [`super::cgroups::parse_sub_cgroups`]).
+    pub sub_cgroup: Vec<String>,
 }
 
 /// runc's refusal of an exec into a paused container.
@@ -60,6 +62,15 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
         lsm::check_process(&read_process(path)?, lsm::selinux_enabled())?;
     }
     let seccomp = container_seccomp(&container.bundle().join("config.json"))?;
+    let join_cgroups = if opts.sub_cgroup.is_empty() {
+        JoinCgroups::default()
+    } else {
+        let paths = cgroups::parse_sub_cgroups(&opts.sub_cgroup)?;
+        let init = container.pid().ok_or_else(|| {
+            ContainerError::Libcontainer(format!("container {id} has no init pid"))
+        })?;
+        cgroups::open_sub_cgroups(init.as_raw(), &super::cgroup_path(&container)?, &paths)?
+    };
     let shadow = match container.status() {
         ContainerStatus::Created => Some(Shadow::new(ctx, id)?),
         _ => None,
@@ -68,7 +79,10 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
         .as_ref()
         .map_or(ctx.root.as_path(), |s| s.root.as_path());
     let builder = ContainerBuilder::new(id.to_string(), SyscallType::default())
-        .with_executor(SizedExec(Workload { seccomp }))
+        .with_executor(SizedExec(Workload {
+            seccomp,
+            join_cgroups,
+        }))
         .with_root_path(root)
         .map_err(lc_error)?
         .with_pid_file(opts.pid_file.as_ref())
@@ -89,8 +103,7 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
         .with_additional_gids(opts.additional_gids)
         .with_user(opts.user)
         .with_group(opts.group)
-        .with_ignore_paused(opts.ignore_paused)
-        .with_sub_cgroup(opts.sub_cgroup);
+        .with_ignore_paused(opts.ignore_paused);
     tenant.build().map_err(lc_error)
 }
 

@@ -16,6 +16,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("cgroups-host", host),
     ("cgroups-update-values", update_values),
     ("cgroups-oom-killer", oom_killer),
+    ("cgroups-exec", exec_cgroup),
 ];
 
 /// One cgroup interface file: v1 controller, v1 file and value, v2 file and
@@ -393,6 +394,225 @@ fn oom_killer(ctx: &mut Ctx) -> Result<()> {
             );
         }
         ctx.rt.quiet(&["delete", "--force", &id]);
+    }
+    Ok(())
+}
+
+/// The hierarchies of `pid` as `/proc/PID/cgroup` lists them: (controllers
+/// as written, path), sorted.
+fn memberships(pid: i32) -> Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .with_context(|| format!("read /proc/{pid}/cgroup"))?;
+    let mut v: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ':');
+            let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
+            Some((ctrls.to_string(), path.to_string()))
+        })
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// The directory of a hierarchy (controllers as `/proc/PID/cgroup` writes
+/// them, empty for the unified one) at `path`.
+fn hierarchy_dir(controllers: &str, path: &str) -> Option<PathBuf> {
+    let mnt = match controllers {
+        "" => host_mount(None),
+        c => host_mount(Some(c.split(',').next().unwrap_or(c))),
+    }?;
+    Some(mnt.join(path.trim_start_matches('/')))
+}
+
+/// Starts `args` with `exec -d --pid-file` plus `opts`; returns its host
+/// pid, or the failed command's description.
+fn exec_detached(ctx: &mut Ctx, id: &str, opts: &[&str]) -> Result<Result<i32, String>> {
+    let dir = ctx.scratch("exec-pid")?;
+    let pid_file = dir.join("pid").to_string_lossy().into_owned();
+    let mut args = vec!["exec", "-d", "--pid-file", pid_file.as_str()];
+    args.extend_from_slice(opts);
+    args.extend_from_slice(&[id, "/bin/sleep", "600"]);
+    let out = ctx.rt.run(&args)?;
+    if !out.success() {
+        return Ok(Err(out.describe()));
+    }
+    let pid = super::wait_file(std::path::Path::new(&pid_file))
+        .and_then(|s| s.trim().parse::<i32>().ok());
+    Ok(pid.ok_or_else(|| format!("no pid in {pid_file}")))
+}
+
+/// `exec` joins every cgroup of the container's init; `exec --cgroup`
+/// (runc 1.1) moves the process into an existing sub-cgroup, of every
+/// hierarchy or of the controllers named, and refuses a missing or
+/// escaping sub-cgroup and malformed arguments.
+fn exec_cgroup(ctx: &mut Ctx) -> Result<()> {
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let mut b = ctx.bundle()?;
+    b.set("/linux/cgroupsPath", json!(cg));
+    let init = ctx.start_sleeper_as(&mut b, &id)?;
+    let init_cgroups = memberships(init)?;
+    let mut pids = Vec::new();
+    let mut made = Vec::new();
+    let result = exec_cgroup_checks(ctx, &id, &cg, &init_cgroups, &mut pids, &mut made);
+    for pid in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    crate::reaper::tick(std::time::Duration::from_millis(100));
+    for d in made.iter().rev() {
+        let _ = std::fs::remove_dir(d);
+    }
+    ctx.rt.quiet(&["delete", "--force", &id]);
+    result
+}
+
+fn exec_cgroup_checks(
+    ctx: &mut Ctx,
+    id: &str,
+    cg: &str,
+    init_cgroups: &[(String, String)],
+    pids: &mut Vec<i32>,
+    made: &mut Vec<PathBuf>,
+) -> Result<()> {
+    match exec_detached(ctx, id, &[])? {
+        Ok(pid) => {
+            pids.push(pid);
+            let got = memberships(pid)?;
+            ctx.check(
+                "exec joins every cgroup of the init",
+                got == init_cgroups,
+                || format!("exec in {got:?}, init in {init_cgroups:?}"),
+            );
+        }
+        Err(e) => {
+            ctx.check("exec joins every cgroup of the init", false, || e);
+        }
+    }
+    let sub = format!("{cg}/sub");
+    let Some(memory_sub) = hierarchy_dir("memory", &sub) else {
+        ctx.record(
+            "exec --cgroup memory:sub joins memory's sub-cgroup only",
+            Outcome::Skip("the host has no v1 memory cgroup".into()),
+        );
+        return Ok(());
+    };
+    std::fs::create_dir(&memory_sub).with_context(|| format!("mkdir {}", memory_sub.display()))?;
+    made.push(memory_sub);
+    match exec_detached(ctx, id, &["--cgroup", "memory:sub"])? {
+        Ok(pid) => {
+            pids.push(pid);
+            let got = memberships(pid)?;
+            let want: Vec<(String, String)> = init_cgroups
+                .iter()
+                .map(|(c, p)| match c.split(',').any(|x| x == "memory") {
+                    true => (c.clone(), sub.clone()),
+                    false => (c.clone(), p.clone()),
+                })
+                .collect();
+            ctx.check(
+                "exec --cgroup memory:sub joins memory's sub-cgroup only",
+                got == want,
+                || format!("exec in {got:?}, want {want:?}"),
+            );
+        }
+        Err(e) => {
+            ctx.check(
+                "exec --cgroup memory:sub joins memory's sub-cgroup only",
+                false,
+                || e,
+            );
+        }
+    }
+    let res = exec_detached(ctx, id, &["--cgroup", "sub"])?;
+    if let Ok(pid) = res {
+        pids.push(pid);
+    }
+    ctx.check(
+        "exec --cgroup sub missing from other hierarchies refused",
+        res.is_err(),
+        || "the exec started".into(),
+    );
+    // Every hierarchy the init is in at cgroupsPath gets the sub-cgroup.
+    for (c, p) in init_cgroups {
+        if p == cg {
+            if let Some(d) = hierarchy_dir(c, &sub).filter(|d| !d.exists()) {
+                std::fs::create_dir(&d).with_context(|| format!("mkdir {}", d.display()))?;
+                made.push(d.clone());
+                // A new v1 cpuset has no cpus or mems: give it its parent's.
+                for f in ["cpuset.cpus", "cpuset.mems"] {
+                    if let Some(parent) = d.parent().filter(|p| p.join(f).exists()) {
+                        let v = std::fs::read_to_string(parent.join(f))?;
+                        std::fs::write(d.join(f), v.trim())
+                            .with_context(|| format!("write {}", d.join(f).display()))?;
+                    }
+                }
+            }
+        }
+    }
+    match exec_detached(ctx, id, &["--cgroup", "/sub"])? {
+        Ok(pid) => {
+            pids.push(pid);
+            let got = memberships(pid)?;
+            let want: Vec<(String, String)> = init_cgroups
+                .iter()
+                .map(|(c, p)| match p == cg {
+                    true => (c.clone(), sub.clone()),
+                    false => (c.clone(), p.clone()),
+                })
+                .collect();
+            ctx.check(
+                "exec --cgroup /sub joins it in every hierarchy",
+                got == want,
+                || format!("exec in {got:?}, want {want:?}"),
+            );
+        }
+        Err(e) => {
+            ctx.check(
+                "exec --cgroup /sub joins it in every hierarchy",
+                false,
+                || e,
+            );
+        }
+    }
+    let refusals: &[(&str, &[&str], &str)] = &[
+        (
+            "escaping",
+            &["--cgroup", "memory:../../x"],
+            "is not a sub cgroup path",
+        ),
+        (
+            "three parts",
+            &["--cgroup", "a:b:c"],
+            "invalid --cgroup argument: a:b:c",
+        ),
+        (
+            "two without a controller",
+            &["--cgroup", "sub", "--cgroup", "sub"],
+            "missing <controller>: prefix",
+        ),
+        ("unknown controller", &["--cgroup", "bogus:sub"], "bogus"),
+    ];
+    for (what, opts, msg) in refusals {
+        let res = exec_detached(ctx, id, opts)?;
+        match res {
+            Ok(pid) => {
+                pids.push(pid);
+                ctx.check(format!("exec --cgroup {what} refused"), false, || {
+                    "the exec started".into()
+                });
+            }
+            Err(e) => {
+                ctx.check(
+                    format!("exec --cgroup {what} refused"),
+                    e.contains(msg),
+                    || format!("want {msg:?} in: {e}"),
+                );
+            }
+        }
     }
     Ok(())
 }
