@@ -13,6 +13,9 @@
 //!   process is started (so a missing or escaping path fails the exec with
 //!   nothing started) and the process writes itself there right before its
 //!   `execve` (see [`JoinCgroups`]).
+//! - `delete` removes the cgroups the workload made below the container's
+//!   (runc removes the whole tree); libcontainer's manager only `rmdir`s the
+//!   container's own, which fails while it has children.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -20,6 +23,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use libcontainer::container::Container;
 use oci_spec::runtime::Spec;
@@ -238,6 +242,74 @@ impl JoinCgroups {
     }
 }
 
+/// Removes every cgroup below the container's (`cgroup_path`, as
+/// libcontainer resolved it) in every hierarchy, deepest first, so that the
+/// container's own can go. Their processes must be gone already (`delete`
+/// kills the whole tree first); a cgroup whose last task is still being
+/// reaped is retried for up to `wait`. Returns the cgroups that stayed.
+pub fn remove_children(cgroup_path: &Path, wait: Duration) -> Vec<(PathBuf, io::Error)> {
+    let rel = cgroup_path.strip_prefix("/").unwrap_or(cgroup_path);
+    if rel.as_os_str().is_empty() || !cgroup_path.is_absolute() {
+        // A root cgroup (never the container's) or a systemd unit name.
+        return Vec::new();
+    }
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut left = Vec::new();
+    for mount in cgroup_mounts(&mountinfo) {
+        let top = mount.join(rel);
+        let mut below = Vec::new();
+        subdirs(&top, &mut below);
+        // Children come after their parent in `below`: remove from the end.
+        for dir in below.into_iter().rev() {
+            if let Err(e) = rmdir_retrying(&dir, wait) {
+                left.push((dir, e));
+            }
+        }
+    }
+    left
+}
+
+/// Every cgroup mount point (v1 hierarchies and the unified one).
+fn cgroup_mounts(mountinfo: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let fstype = post.split(' ').next()?;
+            let target = pre.split(' ').nth(4)?;
+            (fstype == "cgroup" || fstype == "cgroup2").then(|| PathBuf::from(target))
+        })
+        .collect()
+}
+
+/// The directories below `dir`, each after its parent.
+fn subdirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            let p = e.path();
+            out.push(p.clone());
+            subdirs(&p, out);
+        }
+    }
+}
+
+fn rmdir_retrying(dir: &Path, wait: Duration) -> io::Result<()> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +343,33 @@ mod tests {
         assert_eq!(sub_path("/a/b", "x/../y").unwrap(), PathBuf::from("/a/b/y"));
         assert!(sub_path("/a/b", "../../x").is_err());
         assert!(sub_path("/a/b", "x/../../y").is_err());
+    }
+
+    #[test]
+    fn children_are_removed_deepest_first() {
+        let tmp = std::env::temp_dir().join(format!("agentvm-cg-test-{}", std::process::id()));
+        let deep = tmp.join("a/b/c");
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::create_dir_all(tmp.join("d")).unwrap();
+        let mut below = Vec::new();
+        subdirs(&tmp, &mut below);
+        assert_eq!(below.len(), 4);
+        for dir in below.into_iter().rev() {
+            rmdir_retrying(&dir, Duration::ZERO).unwrap();
+        }
+        assert!(std::fs::read_dir(&tmp).unwrap().next().is_none());
+        std::fs::remove_dir(&tmp).unwrap();
+        let mi = "30 25 0:26 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
+                  31 25 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n\
+                  32 25 0:28 / /tmp rw - tmpfs tmpfs rw\n";
+        assert_eq!(
+            cgroup_mounts(mi),
+            vec![
+                PathBuf::from("/sys/fs/cgroup/memory"),
+                PathBuf::from("/sys/fs/cgroup/unified")
+            ]
+        );
+        assert!(remove_children(Path::new("/"), Duration::ZERO).is_empty());
     }
 
     #[test]

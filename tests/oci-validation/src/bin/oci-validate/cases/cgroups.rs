@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use oci_validation::expect::{Check, Expectations};
 use serde_json::json;
 
@@ -17,6 +17,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("cgroups-update-values", update_values),
     ("cgroups-oom-killer", oom_killer),
     ("cgroups-exec", exec_cgroup),
+    ("cgroups-delete-children", delete_children),
 ];
 
 /// One cgroup interface file: v1 controller, v1 file and value, v2 file and
@@ -614,5 +615,124 @@ fn exec_cgroup_checks(
             }
         }
     }
+    Ok(())
+}
+
+/// A bundle whose workload may write its cgroups: `/sys` and the cgroup
+/// mount read-write (the container has its own cgroup namespace).
+fn writable_cgroups(ctx: &mut Ctx, id: &str) -> Result<crate::bundle::Bundle> {
+    let mut b = ctx.bundle()?;
+    b.set("/linux/cgroupsPath", json!(ctx.cgroup_path(id)));
+    if let Some(mounts) = b.config["mounts"].as_array_mut() {
+        for m in mounts.iter_mut() {
+            if m["destination"] == "/sys" || m["destination"] == "/sys/fs/cgroup" {
+                if let Some(opts) = m["options"].as_array_mut() {
+                    opts.retain(|o| o != "ro");
+                    opts.push(json!("rw"));
+                }
+            }
+        }
+    }
+    Ok(b)
+}
+
+/// The container's cgroup directories (and below) left in any hierarchy.
+fn cgroup_dirs_left(cg: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.path().join(cg.trim_start_matches('/')))
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+/// `delete` and `delete --force` remove the cgroups the workload made
+/// below the container's, as runc removes the whole tree.
+fn delete_children(ctx: &mut Ctx) -> Result<()> {
+    if host_mount(Some("memory")).is_none() || host_mount(Some("pids")).is_none() {
+        for name in [
+            "delete --force removes child cgroups",
+            "delete removes child cgroups",
+            "run removes child cgroups at exit",
+        ] {
+            ctx.record(
+                name,
+                Outcome::Skip("the host has no v1 memory and pids cgroups".into()),
+            );
+        }
+        return Ok(());
+    }
+    const MAKE: &str = "mkdir -p /sys/fs/cgroup/memory/child/deeper /sys/fs/cgroup/pids/child && \
+                        echo $$ > /sys/fs/cgroup/memory/child/deeper/cgroup.procs && \
+                        echo $$ > /sys/fs/cgroup/pids/child/cgroup.procs";
+    // Running, with its init in the children: delete --force.
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let mut b = writable_cgroups(ctx, &id)?;
+    b.args(&["/bin/sh", "-c", &format!("{MAKE} && exec sleep 600")]);
+    b.write()?;
+    let out = ctx.rt.run(&["run", "-d", "--bundle", &b.dir_str(), &id])?;
+    if !out.success() {
+        bail!("run -d: {}", out.describe());
+    }
+    let deeper = host_mount(Some("memory"))
+        .map(|m| m.join(cg.trim_start_matches('/')).join("child/deeper"))
+        .unwrap_or_default();
+    let made = super::wait_file(&deeper.join("cgroup.procs")).is_some_and(|s| !s.trim().is_empty());
+    if !made {
+        bail!("the workload did not move into {}", deeper.display());
+    }
+    let out = ctx.rt.run(&["delete", "--force", &id])?;
+    let left = cgroup_dirs_left(&cg);
+    ctx.check(
+        "delete --force removes child cgroups",
+        out.success() && left.is_empty(),
+        || format!("delete: {}; left: {left:?}", out.describe()),
+    );
+    // Stopped: the workload made children and exited; delete.
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let mut b = writable_cgroups(ctx, &id)?;
+    b.args(&["/bin/sh", "-c", MAKE]);
+    b.write()?;
+    let out = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
+    if !out.success() {
+        bail!("create: {}", out.describe());
+    }
+    let out = ctx.rt.run(&["start", &id])?;
+    if !out.success() {
+        bail!("start: {}", out.describe());
+    }
+    if let Err(e) = ctx.wait_status(&id, "stopped") {
+        bail!("the workload did not stop: {e}");
+    }
+    let before = cgroup_dirs_left(&cg);
+    let out = ctx.rt.run(&["delete", &id])?;
+    let left = cgroup_dirs_left(&cg);
+    ctx.check(
+        "delete removes child cgroups",
+        !before.is_empty() && out.success() && left.is_empty(),
+        || {
+            format!(
+                "before: {before:?}; delete: {}; left: {left:?}",
+                out.describe()
+            )
+        },
+    );
+    // A foreground run deletes the container, children and all, at exit.
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let mut b = writable_cgroups(ctx, &id)?;
+    b.args(&["/bin/sh", "-c", MAKE]);
+    b.write()?;
+    let out = ctx.rt.run(&["run", "--bundle", &b.dir_str(), &id])?;
+    let left = cgroup_dirs_left(&cg);
+    ctx.check(
+        "run removes child cgroups at exit",
+        out.success() && left.is_empty(),
+        || format!("run: {}; left: {left:?}", out.describe()),
+    );
     Ok(())
 }
