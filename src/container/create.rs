@@ -46,6 +46,12 @@ pub fn create(
     cwd::ensure(&bundle.spec, &bundle.rootfs)?;
     let dir = ctx.container_dir(id);
     let egress = opts.egress.take();
+    // As runc: the hooks run at create (prestart, createRuntime) run in the
+    // bundle directory, and a relative path in the spec resolves there.
+    std::env::set_current_dir(&bundle.path).map_err(|source| ContainerError::Chdir {
+        path: bundle.path.clone(),
+        source,
+    })?;
     let result = {
         let _helpers = MapHelpers::install(&bundle.spec, &ctx.root)?;
         build(ctx, id, bundle, opts)

@@ -79,6 +79,11 @@ pub enum ContainerError {
         target: String,
         errno: nix::errno::Errno,
     },
+    #[error("cannot change to the bundle directory {path}: {source}")]
+    Chdir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -99,7 +104,17 @@ pub fn lc_error(err: impl std::error::Error) -> ContainerError {
         }
         source = s.source();
     }
-    ContainerError::Libcontainer(msg)
+    ContainerError::Libcontainer(runc_hook_message(&msg))
+}
+
+/// libcontainer 0.7's words for a hook that exited non-zero (its
+/// `HookError::NonZeroExitCode`, wrapped as "failed hooks ..." by its main
+/// process), in runc's: `error running hook: exit status N`.
+fn runc_hook_message(msg: &str) -> String {
+    const LC: &str = "hook command exited with non-zero exit code: ";
+    const RUNC: &str = "error running hook: exit status ";
+    msg.replace(&format!("failed hooks {LC}"), RUNC)
+        .replace(LC, RUNC)
 }
 
 /// runc's status strings.
@@ -282,5 +297,25 @@ fn rootfs_of(bundle: &Path) -> PathBuf {
         Some(p) if p.is_absolute() => p,
         Some(p) => bundle.join(p),
         None => bundle.join("rootfs"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hook_failures_in_runc_words() {
+        assert_eq!(
+            runc_hook_message(
+                "failed to create container: failed hooks hook command exited with non-zero exit code: 3"
+            ),
+            "failed to create container: error running hook: exit status 3"
+        );
+        assert_eq!(
+            runc_hook_message("hook command exited with non-zero exit code: 4"),
+            "error running hook: exit status 4"
+        );
+        assert_eq!(runc_hook_message("no such file"), "no such file");
     }
 }
