@@ -16,6 +16,10 @@
 //! - `delete` removes the cgroups the workload made below the container's
 //!   (runc removes the whole tree); libcontainer's manager only `rmdir`s the
 //!   container's own, which fails while it has children.
+//! - `create` into a cgroup that already holds processes warns as runc 1.1
+//!   does (it still creates the container); one that is frozen fails
+//!   `create` with runc's error instead of leaving its init frozen (and the
+//!   command hanging).
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -44,6 +48,8 @@ pub enum CgroupError {
     Init { path: PathBuf, source: io::Error },
     #[error("cannot find where the cgroup hierarchy of {0} is mounted")]
     NoMount(String),
+    #[error("container's cgroup unexpectedly frozen")]
+    Frozen,
     #[error("cannot join cgroup {path}: {source}")]
     Join { path: PathBuf, source: io::Error },
 }
@@ -269,6 +275,62 @@ pub fn remove_children(cgroup_path: &Path, wait: Duration) -> Vec<(PathBuf, io::
         }
     }
     left
+}
+
+/// The processes already in the cgroup at `cgroup_path` and below, counted
+/// as runc counts them: in the v1 devices hierarchy, else the unified one.
+pub fn populated(cgroup_path: &Path) -> usize {
+    let rel = cgroup_path.strip_prefix("/").unwrap_or(cgroup_path);
+    if rel.as_os_str().is_empty() || !cgroup_path.is_absolute() {
+        return 0;
+    }
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return 0;
+    };
+    let Some(mount) =
+        mount_of(&mountinfo, &["devices".to_string()]).or_else(|| mount_of(&mountinfo, &[]))
+    else {
+        return 0;
+    };
+    let top = mount.join(rel);
+    let mut dirs = vec![top.clone()];
+    subdirs(&top, &mut dirs);
+    dirs.iter()
+        .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+        .map(|t| t.lines().filter(|l| !l.trim().is_empty()).count())
+        .sum()
+}
+
+/// runc 1.1's warning for a container created into a cgroup that already
+/// holds processes (runc adds a deprecation notice of its own 1.2).
+pub fn warn_if_populated(cgroup_path: &Path) {
+    let n = populated(cgroup_path);
+    if n > 0 {
+        tracing::warn!("container's cgroup is not empty: {n} process(es) found");
+    }
+}
+
+/// Refuses a cgroup that exists frozen (v1 `freezer.state` FROZEN or
+/// FREEZING, v2 `cgroup.freeze` 1): a container's init put there would
+/// stop before it runs, as runc 1.1 checks too.
+pub fn refuse_frozen(cgroup_path: &Path) -> Result<(), CgroupError> {
+    let rel = cgroup_path.strip_prefix("/").unwrap_or(cgroup_path);
+    if rel.as_os_str().is_empty() || !cgroup_path.is_absolute() {
+        return Ok(());
+    }
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Ok(());
+    };
+    let v1 = mount_of(&mountinfo, &["freezer".to_string()])
+        .and_then(|m| std::fs::read_to_string(m.join(rel).join("freezer.state")).ok())
+        .is_some_and(|s| s.trim() != "THAWED");
+    let v2 = mount_of(&mountinfo, &[])
+        .and_then(|m| std::fs::read_to_string(m.join(rel).join("cgroup.freeze")).ok())
+        .is_some_and(|s| s.trim() == "1");
+    if v1 || v2 {
+        return Err(CgroupError::Frozen);
+    }
+    Ok(())
 }
 
 /// Every cgroup mount point (v1 hierarchies and the unified one).

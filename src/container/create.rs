@@ -52,6 +52,13 @@ pub fn create(
         path: bundle.path.clone(),
         source,
     })?;
+    if !ctx.systemd_cgroup {
+        let linux = bundle.spec.linux().as_ref();
+        let path = linux.and_then(|l| l.cgroups_path().clone());
+        let path = libcontainer::utils::get_cgroup_path(&path, id);
+        cgroups::refuse_frozen(&path)?;
+        cgroups::warn_if_populated(&path);
+    }
     let result = {
         let _helpers = MapHelpers::install(&bundle.spec, &ctx.root)?;
         build(ctx, id, bundle, opts)

@@ -18,6 +18,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("cgroups-oom-killer", oom_killer),
     ("cgroups-exec", exec_cgroup),
     ("cgroups-delete-children", delete_children),
+    ("cgroups-preexisting", preexisting),
 ];
 
 /// One cgroup interface file: v1 controller, v1 file and value, v2 file and
@@ -734,5 +735,99 @@ fn delete_children(ctx: &mut Ctx) -> Result<()> {
         out.success() && left.is_empty(),
         || format!("run: {}; left: {left:?}", out.describe()),
     );
+    Ok(())
+}
+
+/// Removes the cgroup at `cg` (and below) from every hierarchy, thawed.
+fn remove_everywhere(cg: &str) {
+    for d in cgroup_dirs_left(cg) {
+        let _ = std::fs::write(d.join("freezer.state"), "THAWED");
+        let mut all = vec![d.clone()];
+        let mut i = 0;
+        while i < all.len() {
+            if let Ok(entries) = std::fs::read_dir(&all[i]) {
+                all.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+            }
+            i += 1;
+        }
+        for d in all.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// `create` into a cgroup that already holds a process warns as runc 1.1
+/// does and creates the container; into a frozen one it fails with runc's
+/// error (the init would stay frozen) instead of hanging, leaving nothing.
+fn preexisting(ctx: &mut Ctx) -> Result<()> {
+    let (Some(devices), Some(freezer)) = (host_mount(Some("devices")), host_mount(Some("freezer")))
+    else {
+        for name in [
+            "create into a populated cgroup warns",
+            "create into a frozen cgroup refused",
+            "no container left after a frozen cgroup",
+        ] {
+            ctx.record(
+                name,
+                Outcome::Skip("the host has no v1 devices and freezer cgroups".into()),
+            );
+        }
+        return Ok(());
+    };
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let dir = devices.join(cg.trim_start_matches('/'));
+    std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+    let mut stranger = std::process::Command::new("sleep").arg("600").spawn()?;
+    crate::reaper::register(stranger.id());
+    let moved = std::fs::write(dir.join("cgroup.procs"), stranger.id().to_string());
+    let mut b = ctx.bundle()?;
+    b.set("/linux/cgroupsPath", json!(cg));
+    b.args(&["/bin/sleep", "600"]);
+    b.write()?;
+    let out = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+    crate::reaper::unregister(stranger.id());
+    moved.with_context(|| format!("move a process into {}", dir.display()))?;
+    ctx.check(
+        "create into a populated cgroup warns",
+        out.success()
+            && out
+                .stderr
+                .contains("container's cgroup is not empty: 1 process(es) found"),
+        || out.describe(),
+    );
+    ctx.rt.quiet(&["delete", "--force", &id]);
+    remove_everywhere(&cg);
+
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let dir = freezer.join(cg.trim_start_matches('/'));
+    std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+    std::fs::write(dir.join("freezer.state"), "FROZEN")
+        .with_context(|| format!("freeze {}", dir.display()))?;
+    let mut b = ctx.bundle()?;
+    b.set("/linux/cgroupsPath", json!(cg));
+    b.args(&["/bin/sleep", "600"]);
+    b.write()?;
+    let out = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
+    ctx.check(
+        "create into a frozen cgroup refused",
+        !out.timed_out
+            && out.code.is_some_and(|c| c != 0)
+            && out
+                .stderr
+                .contains("container's cgroup unexpectedly frozen"),
+        || out.describe(),
+    );
+    let st = ctx.state(&id);
+    ctx.check(
+        "no container left after a frozen cgroup",
+        st.is_err(),
+        || super::show(&st),
+    );
+    ctx.rt.quiet(&["delete", "--force", &id]);
+    remove_everywhere(&cg);
     Ok(())
 }
