@@ -144,7 +144,7 @@ fn init_pid(container: &Container) -> Result<i32, ContainerError> {
 
 /// What libcontainer left out, done while the init waits for `start`: the
 /// mounts' flags and propagation, loopback in a new network namespace, the
-/// terminal's size and a disabled OOM killer.
+/// terminal's size and owner, and a disabled OOM killer.
 fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> {
     let pid = init_pid(container)?;
     cgroups::apply_oom_killer(container, &bundle.spec)?;
@@ -155,6 +155,7 @@ fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> 
     if let Some((rows, cols)) = console::wanted(bundle.spec.process().as_ref())? {
         console::apply_to_init(pid, rows, cols)?;
     }
+    console::chown_init_terminal(pid, &bundle.spec)?;
     Ok(())
 }
 
