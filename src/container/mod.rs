@@ -32,6 +32,7 @@ pub mod fixup;
 pub mod foreground;
 pub mod idmap;
 pub mod lsm;
+pub mod notify;
 mod runtime;
 pub(crate) mod sys;
 pub mod tty;
@@ -61,6 +62,8 @@ pub enum ContainerError {
     Console(#[from] console::ConsoleError),
     #[error(transparent)]
     Cgroups(#[from] cgroups::CgroupError),
+    #[error(transparent)]
+    Notify(#[from] notify::NotifyError),
     #[error("cannot read process file {path}: {message}")]
     ProcessFile { path: PathBuf, message: String },
     #[error(transparent)]

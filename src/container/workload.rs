@@ -10,6 +10,7 @@ use libcontainer::workload::{
 use oci_spec::runtime::{LinuxSeccomp, Spec};
 
 use super::cgroups::JoinCgroups;
+use super::notify::NotifyFdSender;
 
 /// Starts the workload:
 /// - gives it every signal at its default disposition and none blocked
@@ -26,6 +27,9 @@ pub struct Workload {
     pub seccomp: Option<LinuxSeccomp>,
     /// `exec --cgroup`: the sub-cgroups the process moves itself into.
     pub join_cgroups: JoinCgroups,
+    /// `exec` under a profile with `SCMP_ACT_NOTIFY`: where the notify fd
+    /// goes (see [`super::notify`]).
+    pub notify: NotifyFdSender,
 }
 
 /// Gives the process every signal at its default disposition and an empty
@@ -81,8 +85,11 @@ impl Executor for Workload {
                     )));
                 }
             }
-            libcontainer::seccomp::initialize_seccomp(seccomp)
+            let notify_fd = libcontainer::seccomp::initialize_seccomp(seccomp)
                 .map_err(|e| ExecutorError::Other(format!("cannot load seccomp profile: {e}")))?;
+            self.notify.send(notify_fd).map_err(|e| {
+                ExecutorError::Other(format!("cannot pass on the seccomp notify fd: {e}"))
+            })?;
         }
         DefaultExecutor {}.exec(spec)
     }

@@ -14,7 +14,10 @@ use serde_json::{json, Value};
 
 use super::{CaseFn, Ctx};
 
-pub const CASES: &[(&str, CaseFn)] = &[("seccomp-notify", notify)];
+pub const CASES: &[(&str, CaseFn)] = &[
+    ("seccomp-notify", notify),
+    ("seccomp-notify-exec", notify_exec),
+];
 
 /// What the listener got: the message and the one fd it carried.
 struct Received {
@@ -24,7 +27,7 @@ struct Received {
 
 /// Accepts one connection on `listener` (up to 30 s) and reads the
 /// message and its fds until the runtime closes the connection.
-fn receive(listener: UnixListener) -> Result<Received> {
+fn receive(listener: &UnixListener) -> Result<Received> {
     listener.set_nonblocking(true)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut stream = loop {
@@ -68,7 +71,8 @@ fn receive(listener: UnixListener) -> Result<Received> {
     Ok(Received { message, fds })
 }
 
-fn notify(ctx: &mut Ctx) -> Result<()> {
+/// A bundle whose profile notifies on mkdir, with its listener.
+fn notify_bundle(ctx: &mut Ctx) -> Result<(crate::bundle::Bundle, UnixListener, String)> {
     let dir = ctx.scratch("seccomp-notify")?;
     let sock = dir.join("listener.sock");
     let listener = UnixListener::bind(&sock).context("bind the listener socket")?;
@@ -84,6 +88,11 @@ fn notify(ctx: &mut Ctx) -> Result<()> {
             "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_NOTIFY"}]
         }),
     );
+    Ok((b, listener, meta))
+}
+
+fn notify(ctx: &mut Ctx) -> Result<()> {
+    let (mut b, listener, meta) = notify_bundle(ctx)?;
     // With the listener gone, a notified syscall fails with ENOSYS.
     b.args(&[
         "/bin/sh",
@@ -92,7 +101,7 @@ fn notify(ctx: &mut Ctx) -> Result<()> {
     ]);
     b.write()?;
     let id = ctx.id();
-    let listening = thread::spawn(move || receive(listener));
+    let listening = thread::spawn(move || receive(&listener));
     let out = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
     let received = listening
         .join()
@@ -165,5 +174,86 @@ fn notify(ctx: &mut Ctx) -> Result<()> {
         st.is_ok() && !b.rootfs().join("notified").exists(),
         || super::show(&st),
     );
+    Ok(())
+}
+
+/// `exec` into a container whose profile notifies hands the exec'd
+/// process's notify fd to the listener too, with its own pid and the
+/// container's state (running, the init's pid), as runc does.
+fn notify_exec(ctx: &mut Ctx) -> Result<()> {
+    let (mut b, listener, meta) = notify_bundle(ctx)?;
+    let listener = std::sync::Arc::new(listener);
+    let l = listener.clone();
+    let listening = thread::spawn(move || receive(&l));
+    let (id, init) = ctx.start_sleeper(&mut b)?;
+    let first = listening
+        .join()
+        .map_err(|_| anyhow!("the listener thread panicked"))?;
+    if let Err(e) = first {
+        bail!("the init's notify fd never came: {e:#}");
+    }
+    let l = listener.clone();
+    let listening = thread::spawn(move || receive(&l));
+    let dir = ctx.scratch("exec-pid")?;
+    let pid_file = dir.join("pid");
+    let out = ctx.rt.run(&[
+        "exec",
+        "-d",
+        "--pid-file",
+        &pid_file.to_string_lossy(),
+        &id,
+        "/bin/sh",
+        "-c",
+        "mkdir /exec-notified 2>/dev/null; exec sleep 600",
+    ])?;
+    let received = listening
+        .join()
+        .map_err(|_| anyhow!("the listener thread panicked"))?;
+    ctx.check_ok("exec into a notifying container succeeds", &out);
+    let received = match received {
+        Ok(r) => r,
+        Err(e) => {
+            ctx.check("exec hands a notify fd to the listener", false, || {
+                format!("{e:#}; exec: {}", out.describe())
+            });
+            return Ok(());
+        }
+    };
+    let target = received
+        .fds
+        .first()
+        .and_then(|fd| std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok());
+    ctx.check(
+        "exec hands a notify fd to the listener",
+        received.fds.len() == 1
+            && target
+                .as_ref()
+                .is_some_and(|t| t.to_string_lossy() == "anon_inode:seccomp notify"),
+        || format!("{} fds, first {target:?}", received.fds.len()),
+    );
+    let state: Value = serde_json::from_slice(&received.message).unwrap_or(Value::Null);
+    let exec_pid = super::wait_file(&pid_file).and_then(|s| s.trim().parse::<i64>().ok());
+    ctx.check(
+        "exec's message: the exec'd pid, listenerMetadata",
+        state["fds"] == json!(["seccompFd"])
+            && exec_pid.is_some()
+            && state["pid"].as_i64() == exec_pid
+            && state["metadata"] == meta.as_str(),
+        || {
+            format!(
+                "message {}, exec pid {exec_pid:?}",
+                String::from_utf8_lossy(&received.message)
+            )
+        },
+    );
+    ctx.check(
+        "exec's message: the container running, the init's pid",
+        state["state"]["id"] == id.as_str()
+            && state["state"]["status"] == "running"
+            && state["state"]["pid"].as_i64() == Some(i64::from(init)),
+        || format!("state {}", state["state"]),
+    );
+    drop(received);
+    ctx.rt.quiet(&["delete", "--force", &id]);
     Ok(())
 }
