@@ -110,7 +110,7 @@ fn notify(ctx: &mut Ctx) -> Result<()> {
     let received = match received {
         Ok(r) => r,
         Err(e) => {
-            ctx.check("the listener receives a connection", false, || {
+            ctx.check("the listener receives one fd", false, || {
                 format!("{e:#}; create: {}", out.describe())
             });
             return Ok(());
