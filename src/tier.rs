@@ -82,8 +82,9 @@ pub struct ExecRequest<'a> {
     pub detach: bool,
     pub preserve_fds: i32,
     pub ignore_paused: bool,
-    /// `exec --cgroup`: a sub-cgroup of the container's.
-    pub cgroup: Option<&'a str>,
+    /// `exec --cgroup`: sub-cgroups of the container's, each
+    /// `[<controller>[,<controller>...]:]<path>` as in runc 1.1.
+    pub cgroup: &'a [String],
 }
 
 /// The processes of a container as `ps` shows them.

@@ -49,9 +49,10 @@ pub struct ExecArgs {
     pub cap: Vec<String>,
     #[arg(long = "preserve-fds", default_value_t = 0)]
     pub preserve_fds: i32,
-    /// Run in a sub-cgroup of the container
+    /// Run the process in an (existing) sub-cgroup(s). Format is
+    /// [<controller>:]<cgroup>; may be repeated, one per controller
     #[arg(long)]
-    pub cgroup: Option<String>,
+    pub cgroup: Vec<String>,
     /// Allow exec into a paused container
     #[arg(long = "ignore-paused")]
     pub ignore_paused: bool,
@@ -158,7 +159,7 @@ fn exec(ctx: &Context, args: ExecArgs) -> anyhow::Result<u8> {
             detach: args.detach,
             preserve_fds: args.preserve_fds,
             ignore_paused: args.ignore_paused,
-            cgroup: args.cgroup.as_deref(),
+            cgroup: &args.cgroup,
         },
     );
     // The tiers write the line of an exec that started (they see its

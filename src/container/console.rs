@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use libcontainer::workload::{
     Executor, ExecutorError, ExecutorSetEnvsError, ExecutorValidationError,
 };
-use oci_spec::runtime::{Process, Spec};
+use oci_spec::runtime::{LinuxNamespaceType, Process, Spec};
 
 use super::sys;
 use super::workload::Workload;
@@ -31,6 +31,12 @@ pub enum ConsoleError {
     NotATerminal(PathBuf),
     #[error("cannot set the terminal size: {0}")]
     Resize(io::Error),
+    #[error("cannot give the terminal of the container's init ({path}) to uid {uid}: {source}")]
+    Chown {
+        path: PathBuf,
+        uid: u32,
+        source: io::Error,
+    },
 }
 
 /// (rows, columns) to apply: only for a terminal with a size given.
@@ -68,6 +74,47 @@ pub fn apply_to_init(pid: i32, rows: u16, cols: u16) -> Result<(), ConsoleError>
         return Err(ConsoleError::NotATerminal(path));
     }
     apply(fd.as_fd(), rows, cols)
+}
+
+/// The host uid of the process's user: through the spec's uid mappings
+/// when it has a user namespace; `None` when the uid is not mapped.
+fn host_uid(spec: &Spec, uid: u32) -> Option<u32> {
+    let linux = spec.linux().as_ref();
+    let userns = linux
+        .and_then(|l| l.namespaces().as_ref())
+        .is_some_and(|ns| ns.iter().any(|n| n.typ() == LinuxNamespaceType::User));
+    if !userns {
+        return Some(uid);
+    }
+    linux
+        .and_then(|l| l.uid_mappings().as_ref())?
+        .iter()
+        .find(|m| uid >= m.container_id() && uid - m.container_id() < m.size())
+        .and_then(|m| m.host_id().checked_add(uid - m.container_id()))
+}
+
+/// Gives the terminal of the (waiting) init to the process's user, as runc
+/// does before it switches to that user (the uid only; the group stays
+/// devpts' `tty`). libcontainer leaves it root's, so a workload running as
+/// uid 1000 could not, for one, `chmod` its own terminal. An unmapped uid
+/// leaves it as it is (runc skips it too).
+pub fn chown_init_terminal(pid: i32, spec: &Spec) -> Result<(), ConsoleError> {
+    let Some(process) = spec.process().as_ref() else {
+        return Ok(());
+    };
+    if !process.terminal().unwrap_or(false) {
+        return Ok(());
+    }
+    let Some(uid) = host_uid(spec, process.user().uid()) else {
+        return Ok(());
+    };
+    let path = PathBuf::from(format!("/proc/{pid}/fd/0"));
+    // chown follows the /proc link to the pty slave itself.
+    std::os::unix::fs::chown(&path, Some(uid), None).map_err(|source| ConsoleError::Chown {
+        path,
+        uid,
+        source,
+    })
 }
 
 fn apply(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> Result<(), ConsoleError> {
@@ -115,6 +162,22 @@ mod tests {
             size.map(|(h, w)| BoxBuilder::default().height(h).width(w).build().unwrap()),
         );
         p
+    }
+
+    #[test]
+    fn host_uid_through_the_mappings() {
+        let mut v = serde_json::to_value(Spec::default()).unwrap();
+        assert_eq!(
+            host_uid(&serde_json::from_value(v.clone()).unwrap(), 1000),
+            Some(1000)
+        );
+        v["linux"]["namespaces"] = serde_json::json!([{"type": "user"}]);
+        v["linux"]["uidMappings"] = serde_json::json!([
+            {"containerID": 0, "hostID": 100000, "size": 65536}
+        ]);
+        let spec: Spec = serde_json::from_value(v).unwrap();
+        assert_eq!(host_uid(&spec, 1000), Some(101000));
+        assert_eq!(host_uid(&spec, 70000), None);
     }
 
     #[test]

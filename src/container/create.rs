@@ -9,7 +9,7 @@ use libcontainer::syscall::syscall::SyscallType;
 
 use super::idmap::MapHelpers;
 use super::workload::Workload;
-use super::{console, cwd, fixup, lc_error, lsm, ContainerError};
+use super::{cgroups, console, cwd, fixup, lc_error, lsm, ContainerError};
 use crate::bundle::Bundle;
 use crate::config::Isolation;
 use crate::context::Context;
@@ -46,6 +46,19 @@ pub fn create(
     cwd::ensure(&bundle.spec, &bundle.rootfs)?;
     let dir = ctx.container_dir(id);
     let egress = opts.egress.take();
+    // As runc: the hooks run at create (prestart, createRuntime) run in the
+    // bundle directory, and a relative path in the spec resolves there.
+    std::env::set_current_dir(&bundle.path).map_err(|source| ContainerError::Chdir {
+        path: bundle.path.clone(),
+        source,
+    })?;
+    if !ctx.systemd_cgroup {
+        let linux = bundle.spec.linux().as_ref();
+        let path = linux.and_then(|l| l.cgroups_path().clone());
+        let path = libcontainer::utils::get_cgroup_path(&path, id);
+        cgroups::refuse_frozen(&path)?;
+        cgroups::warn_if_populated(&path);
+    }
     let result = {
         let _helpers = MapHelpers::install(&bundle.spec, &ctx.root)?;
         build(ctx, id, bundle, opts)
@@ -130,10 +143,11 @@ fn init_pid(container: &Container) -> Result<i32, ContainerError> {
 }
 
 /// What libcontainer left out, done while the init waits for `start`: the
-/// mounts' flags and propagation, loopback in a new network namespace, and
-/// the terminal's size.
+/// mounts' flags and propagation, loopback in a new network namespace, the
+/// terminal's size and owner, and a disabled OOM killer.
 fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> {
     let pid = init_pid(container)?;
+    cgroups::apply_oom_killer(container, &bundle.spec)?;
     fixup::apply(pid, &fixup::plan(&bundle.spec))?;
     if fixup::new_network_namespace(&bundle.spec) {
         fixup::loopback_up(pid)?;
@@ -141,6 +155,7 @@ fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> 
     if let Some((rows, cols)) = console::wanted(bundle.spec.process().as_ref())? {
         console::apply_to_init(pid, rows, cols)?;
     }
+    console::chown_init_terminal(pid, &bundle.spec)?;
     Ok(())
 }
 

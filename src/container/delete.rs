@@ -18,6 +18,8 @@ pub enum DeleteError {
 
 /// How long delete waits for SIGKILLed processes to disappear.
 const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How long delete retries a busy child cgroup (its last task being reaped).
+const CHILD_WAIT: Duration = Duration::from_secs(2);
 
 pub fn delete(container: &mut Container, force: bool) -> Result<(), ContainerError> {
     let id = container.id().to_string();
@@ -40,7 +42,15 @@ pub fn delete(container: &mut Container, force: bool) -> Result<(), ContainerErr
     super::egress::teardown(&container.root);
 
     let config = container.spec().ok();
-    if config.is_some() {
+    if let Some(c) = &config {
+        if !container.systemd() {
+            for (dir, e) in super::cgroups::remove_children(&c.cgroup_path, CHILD_WAIT) {
+                tracing::warn!(
+                    "cannot remove cgroup {} of container {id}: {e}",
+                    dir.display()
+                );
+            }
+        }
         match cgroup_manager(container) {
             Ok(cm) => remove_cgroup(&cm, &id),
             Err(e) => tracing::warn!("{e}"),

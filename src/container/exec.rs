@@ -7,9 +7,11 @@ use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::{ContainerStatus, State};
 use libcontainer::syscall::syscall::SyscallType;
 use nix::unistd::Pid;
-use oci_spec::runtime::{LinuxSeccomp, LinuxSeccompAction, Process, Spec};
+use oci_spec::runtime::{LinuxSeccomp, Process, Spec};
 
+use super::cgroups::{self, JoinCgroups};
 use super::console::SizedExec;
+use super::notify;
 use super::workload::Workload;
 use super::{lc_error, lsm, ContainerError};
 use crate::context::Context;
@@ -30,7 +32,8 @@ pub struct ExecOptions {
     pub preserve_fds: i32,
     pub args: Vec<String>,
     pub ignore_paused: bool,
-    pub sub_cgroup: Option<String>,
+    /// `exec --cgroup` values (see [`super::cgroups::parse_sub_cgroups`]).
+    pub sub_cgroup: Vec<String>,
 }
 
 /// runc's refusal of an exec into a paused container.
@@ -60,6 +63,16 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
         lsm::check_process(&read_process(path)?, lsm::selinux_enabled())?;
     }
     let seccomp = container_seccomp(&container.bundle().join("config.json"))?;
+    let (notify, forward) = notify::prepare(seccomp.as_ref())?;
+    let join_cgroups = if opts.sub_cgroup.is_empty() {
+        JoinCgroups::default()
+    } else {
+        let paths = cgroups::parse_sub_cgroups(&opts.sub_cgroup)?;
+        let init = container.pid().ok_or_else(|| {
+            ContainerError::Libcontainer(format!("container {id} has no init pid"))
+        })?;
+        cgroups::open_sub_cgroups(init.as_raw(), &super::cgroup_path(&container)?, &paths)?
+    };
     let shadow = match container.status() {
         ContainerStatus::Created => Some(Shadow::new(ctx, id)?),
         _ => None,
@@ -68,7 +81,11 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
         .as_ref()
         .map_or(ctx.root.as_path(), |s| s.root.as_path());
     let builder = ContainerBuilder::new(id.to_string(), SyscallType::default())
-        .with_executor(SizedExec(Workload { seccomp }))
+        .with_executor(SizedExec(Workload {
+            seccomp,
+            join_cgroups,
+            notify,
+        }))
         .with_root_path(root)
         .map_err(lc_error)?
         .with_pid_file(opts.pid_file.as_ref())
@@ -89,9 +106,21 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
         .with_additional_gids(opts.additional_gids)
         .with_user(opts.user)
         .with_group(opts.group)
-        .with_ignore_paused(opts.ignore_paused)
-        .with_sub_cgroup(opts.sub_cgroup);
-    tenant.build().map_err(lc_error)
+        .with_ignore_paused(opts.ignore_paused);
+    let pid = tenant.build().map_err(lc_error)?;
+    if let Some(forward) = forward {
+        // The builder (and the executor's end of the pair) is gone now, so
+        // a process that died before its filter ends the wait.
+        let mut state = serde_json::to_value(super::runc_state(&container))
+            .map_err(|e| ContainerError::Libcontainer(e.to_string()))?;
+        if let Some(o) = state.as_object_mut() {
+            o.remove("rootfs");
+            o.remove("created");
+            o.remove("owner");
+        }
+        forward.forward(pid.as_raw(), state)?;
+    }
+    Ok(pid)
 }
 
 /// libcontainer's tenant builder joins only a running (or paused) container.
@@ -149,19 +178,5 @@ fn read_process(path: &std::path::Path) -> Result<Process, ContainerError> {
 /// The seccomp profile the container was created with.
 fn container_seccomp(config: &std::path::Path) -> Result<Option<LinuxSeccomp>, ContainerError> {
     let spec = Spec::load(config).map_err(lc_error)?;
-    let seccomp = spec.linux().as_ref().and_then(|l| l.seccomp().clone());
-    if let Some(s) = &seccomp {
-        let notifies = s
-            .syscalls()
-            .iter()
-            .flatten()
-            .any(|r| r.action() == LinuxSeccompAction::ScmpActNotify);
-        if notifies {
-            return Err(ContainerError::Libcontainer(
-                "exec into a container whose seccomp profile uses SCMP_ACT_NOTIFY is not supported"
-                    .into(),
-            ));
-        }
-    }
-    Ok(seccomp)
+    Ok(spec.linux().as_ref().and_then(|l| l.seccomp().clone()))
 }

@@ -8,7 +8,8 @@
 //! failures, foreground `run`/`exec` with signal forwarding and a real pty,
 //! and what libcontainer 0.7 leaves out: mount flags and propagation
 //! (`fixup`), `consoleSize` (`console`), a missing cwd (`cwd`), refusing
-//! SELinux labels it cannot apply (`lsm`), multi-range id maps (`idmap`).
+//! SELinux labels it cannot apply (`lsm`), multi-range id maps (`idmap`),
+//! cgroup settings and `exec --cgroup` as runc applies them (`cgroups`).
 
 use std::path::{Path, PathBuf};
 
@@ -20,6 +21,7 @@ use crate::context::Context;
 use crate::state::{self, Record};
 use crate::tier::RuncState;
 
+pub mod cgroups;
 pub mod console;
 pub mod create;
 pub mod cwd;
@@ -30,6 +32,7 @@ pub mod fixup;
 pub mod foreground;
 pub mod idmap;
 pub mod lsm;
+pub mod notify;
 mod runtime;
 pub(crate) mod sys;
 pub mod tty;
@@ -57,6 +60,10 @@ pub enum ContainerError {
     Fixup(#[from] fixup::FixupError),
     #[error(transparent)]
     Console(#[from] console::ConsoleError),
+    #[error(transparent)]
+    Cgroups(#[from] cgroups::CgroupError),
+    #[error(transparent)]
+    Notify(#[from] notify::NotifyError),
     #[error("cannot read process file {path}: {message}")]
     ProcessFile { path: PathBuf, message: String },
     #[error(transparent)]
@@ -74,6 +81,11 @@ pub enum ContainerError {
     Signal {
         target: String,
         errno: nix::errno::Errno,
+    },
+    #[error("cannot change to the bundle directory {path}: {source}")]
+    Chdir {
+        path: PathBuf,
+        source: std::io::Error,
     },
     #[error("cannot write {path}: {source}")]
     Write {
@@ -95,7 +107,17 @@ pub fn lc_error(err: impl std::error::Error) -> ContainerError {
         }
         source = s.source();
     }
-    ContainerError::Libcontainer(msg)
+    ContainerError::Libcontainer(runc_hook_message(&msg))
+}
+
+/// libcontainer 0.7's words for a hook that exited non-zero (its
+/// `HookError::NonZeroExitCode`, wrapped as "failed hooks ..." by its main
+/// process), in runc's: `error running hook: exit status N`.
+fn runc_hook_message(msg: &str) -> String {
+    const LC: &str = "hook command exited with non-zero exit code: ";
+    const RUNC: &str = "error running hook: exit status ";
+    msg.replace(&format!("failed hooks {LC}"), RUNC)
+        .replace(LC, RUNC)
 }
 
 /// runc's status strings.
@@ -210,7 +232,8 @@ pub fn cgroup_manager(container: &Container) -> Result<AnyCgroupManager, Contain
     })
 }
 
-/// Applies new cgroup limits to a container (`update`).
+/// Applies new cgroup limits to a container (`update`), keeping the OOM
+/// killer as `create` left it.
 pub fn update(
     container: &Container,
     resources: &oci_spec::runtime::LinuxResources,
@@ -218,7 +241,7 @@ pub fn update(
     cgroup_manager(container)?
         .apply(&libcgroups::common::ControllerOpt {
             resources,
-            disable_oom_killer: false,
+            disable_oom_killer: cgroups::oom_killer_is_disabled(container),
             oom_score_adj: None,
             freezer_state: None,
         })
@@ -277,5 +300,25 @@ fn rootfs_of(bundle: &Path) -> PathBuf {
         Some(p) if p.is_absolute() => p,
         Some(p) => bundle.join(p),
         None => bundle.join("rootfs"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hook_failures_in_runc_words() {
+        assert_eq!(
+            runc_hook_message(
+                "failed to create container: failed hooks hook command exited with non-zero exit code: 3"
+            ),
+            "failed to create container: error running hook: exit status 3"
+        );
+        assert_eq!(
+            runc_hook_message("hook command exited with non-zero exit code: 4"),
+            "error running hook: exit status 4"
+        );
+        assert_eq!(runc_hook_message("no such file"), "no such file");
     }
 }

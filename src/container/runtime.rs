@@ -269,7 +269,7 @@ fn exec_process(
         detach: req.detach || own_socket.is_some(),
         preserve_fds: req.preserve_fds,
         ignore_paused: req.ignore_paused,
-        sub_cgroup: req.cgroup.map(Into::into),
+        sub_cgroup: req.cgroup.to_vec(),
         ..Default::default()
     };
     let started = std::time::Instant::now();

@@ -9,6 +9,9 @@ use libcontainer::workload::{
 };
 use oci_spec::runtime::{LinuxSeccomp, Spec};
 
+use super::cgroups::JoinCgroups;
+use super::notify::NotifyFdSender;
+
 /// Starts the workload:
 /// - gives it every signal at its default disposition and none blocked
 ///   (see [`reset_signals`]);
@@ -16,10 +19,17 @@ use oci_spec::runtime::{LinuxSeccomp, Spec};
 ///   libcontainer leaves out of an exec'd process's spec, so that `exec`
 ///   never runs with fewer restrictions than the container's init.
 ///   Installing a filter needs CAP_SYS_ADMIN or no_new_privs: a process with
-///   neither gets no_new_privs (stricter than runc, never weaker).
+///   neither gets no_new_privs (stricter than runc, never weaker);
+/// - for `exec --cgroup`, moves the process into the sub-cgroups agentvm
+///   opened for it.
 #[derive(Clone, Default)]
 pub struct Workload {
     pub seccomp: Option<LinuxSeccomp>,
+    /// `exec --cgroup`: the sub-cgroups the process moves itself into.
+    pub join_cgroups: JoinCgroups,
+    /// `exec` under a profile with `SCMP_ACT_NOTIFY`: where the notify fd
+    /// goes (see [`super::notify`]).
+    pub notify: NotifyFdSender,
 }
 
 /// Gives the process every signal at its default disposition and an empty
@@ -54,6 +64,9 @@ fn reset_signals() {
 
 impl Executor for Workload {
     fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
+        self.join_cgroups.join().map_err(|e| {
+            ExecutorError::Other(format!("cannot join the --cgroup sub-cgroup: {e}"))
+        })?;
         reset_signals();
         if let Some(seccomp) = &self.seccomp {
             let has_admin = caps::has_cap(
@@ -72,8 +85,11 @@ impl Executor for Workload {
                     )));
                 }
             }
-            libcontainer::seccomp::initialize_seccomp(seccomp)
+            let notify_fd = libcontainer::seccomp::initialize_seccomp(seccomp)
                 .map_err(|e| ExecutorError::Other(format!("cannot load seccomp profile: {e}")))?;
+            self.notify.send(notify_fd).map_err(|e| {
+                ExecutorError::Other(format!("cannot pass on the seccomp notify fd: {e}"))
+            })?;
         }
         DefaultExecutor {}.exec(spec)
     }

@@ -46,6 +46,8 @@ pub enum MicrovmError {
     #[error(transparent)]
     Vmm(#[from] vmm::choice::ChoiceError),
     #[error(transparent)]
+    Cgroups(#[from] crate::container::cgroups::CgroupError),
+    #[error(transparent)]
     State(#[from] crate::state::StateError),
     #[error(transparent)]
     Client(#[from] client::ClientError),
@@ -127,6 +129,25 @@ pub fn create(ctx: &Context, id: &str, bundle: &Bundle, opts: CreateOptions) -> 
             "--console-socket given but process.terminal is false",
         ));
     }
+    // As runc and the container tier: a cgroup that exists frozen would
+    // freeze the supervisor (and the command) before the VM starts; one
+    // that holds processes is taken with runc's warning.
+    if !ctx.systemd_cgroup {
+        let path = bundle
+            .spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.cgroups_path().clone())
+            .unwrap_or_else(|| supervisor::stage::default_cgroup_path(id, false));
+        crate::container::cgroups::refuse_frozen(&path)?;
+        crate::container::cgroups::warn_if_populated(&path);
+    }
+    // The supervisor runs prestart and createRuntime hooks in the directory
+    // it inherits: the bundle, as in runc.
+    std::env::set_current_dir(&bundle.path).map_err(io_error(format!(
+        "change to the bundle directory {}",
+        bundle.path.display()
+    )))?;
     let dir = ctx.container_dir(id);
     std::fs::create_dir(&dir).map_err(io_error(format!("create {}", dir.display())))?;
     let result = start_supervisor(ctx, id, bundle, &dir, &opts);

@@ -162,7 +162,7 @@ impl tier::Tier for Tier {
                 ": host descriptors cannot cross into the guest",
             ));
         }
-        if req.cgroup.is_some() {
+        if !req.cgroup.is_empty() {
             return Err(TierError::unsupported(
                 "exec --cgroup",
                 Isolation::Microvm,

@@ -26,7 +26,7 @@ pub mod jail;
 mod relays;
 mod serve;
 pub use serve::run_hooks as run_hooks_public;
-mod stage;
+pub(crate) mod stage;
 pub mod trace;
 pub mod tty;
 

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use oci_validation::expect::{Check, Expectations};
 use serde_json::json;
 
@@ -15,6 +15,10 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("cgroups-inside", inside),
     ("cgroups-host", host),
     ("cgroups-update-values", update_values),
+    ("cgroups-oom-killer", oom_killer),
+    ("cgroups-exec", exec_cgroup),
+    ("cgroups-delete-children", delete_children),
+    ("cgroups-preexisting", preexisting),
 ];
 
 /// One cgroup interface file: v1 controller, v1 file and value, v2 file and
@@ -326,5 +330,504 @@ fn update_values(ctx: &mut Ctx) -> Result<()> {
             || out.describe(),
         );
     }
+    Ok(())
+}
+
+/// The `oom_kill_disable` line of `pid`'s v1 memory cgroup, read on the
+/// host; `None` when the host has no v1 memory hierarchy.
+fn oom_kill_disable(pid: i32) -> Result<Option<String>> {
+    let (Some(mnt), Some(path)) = (
+        host_mount(Some("memory")),
+        proc_cgroup(pid, Some("memory"))?,
+    ) else {
+        return Ok(None);
+    };
+    let f = mnt
+        .join(path.trim_start_matches('/'))
+        .join("memory.oom_control");
+    let text = std::fs::read_to_string(&f).with_context(|| format!("read {}", f.display()))?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill_disable "))
+        .map(|v| v.trim().to_string()))
+}
+
+/// `linux.resources.memory.disableOOMKiller` writes `1` to the v1
+/// `memory.oom_control` (runc ignores it on cgroup v2), and `update` keeps
+/// it; without it the OOM killer stays on.
+fn oom_killer(ctx: &mut Ctx) -> Result<()> {
+    if host_mount(Some("memory")).is_none() {
+        for name in [
+            "disableOOMKiller: oom_kill_disable 1",
+            "after update: oom_kill_disable 1",
+            "without disableOOMKiller: oom_kill_disable 0",
+        ] {
+            ctx.record(
+                name,
+                Outcome::Skip("the host has no v1 memory cgroup".into()),
+            );
+        }
+        return Ok(());
+    }
+    for (disable, name) in [
+        (true, "disableOOMKiller: oom_kill_disable 1"),
+        (false, "without disableOOMKiller: oom_kill_disable 0"),
+    ] {
+        let id = ctx.id();
+        let mut b = ctx.bundle()?;
+        b.set("/linux/cgroupsPath", json!(ctx.cgroup_path(&id)));
+        b.set(
+            "/linux/resources/memory",
+            json!({"limit": 67108864, "disableOOMKiller": disable}),
+        );
+        let pid = ctx.start_sleeper_as(&mut b, &id)?;
+        let want = if disable { "1" } else { "0" };
+        let got = oom_kill_disable(pid)?;
+        ctx.check(name, got.as_deref() == Some(want), || {
+            format!("oom_kill_disable is {got:?}")
+        });
+        if disable {
+            let out = ctx.rt.run(&["update", "--memory", "134217728", &id])?;
+            let got = oom_kill_disable(pid)?;
+            ctx.check(
+                "after update: oom_kill_disable 1",
+                out.success() && got.as_deref() == Some("1"),
+                || format!("update: {}; oom_kill_disable is {got:?}", out.describe()),
+            );
+        }
+        ctx.rt.quiet(&["delete", "--force", &id]);
+    }
+    Ok(())
+}
+
+/// The hierarchies of `pid` as `/proc/PID/cgroup` lists them: (controllers
+/// as written, path), sorted.
+fn memberships(pid: i32) -> Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .with_context(|| format!("read /proc/{pid}/cgroup"))?;
+    let mut v: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ':');
+            let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
+            Some((ctrls.to_string(), path.to_string()))
+        })
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// The directory of a hierarchy (controllers as `/proc/PID/cgroup` writes
+/// them, empty for the unified one) at `path`.
+fn hierarchy_dir(controllers: &str, path: &str) -> Option<PathBuf> {
+    let mnt = match controllers {
+        "" => host_mount(None),
+        c => host_mount(Some(c.split(',').next().unwrap_or(c))),
+    }?;
+    Some(mnt.join(path.trim_start_matches('/')))
+}
+
+/// Starts `args` with `exec -d --pid-file` plus `opts`; returns its host
+/// pid, or the failed command's description.
+fn exec_detached(ctx: &mut Ctx, id: &str, opts: &[&str]) -> Result<Result<i32, String>> {
+    let dir = ctx.scratch("exec-pid")?;
+    let pid_file = dir.join("pid").to_string_lossy().into_owned();
+    let mut args = vec!["exec", "-d", "--pid-file", pid_file.as_str()];
+    args.extend_from_slice(opts);
+    args.extend_from_slice(&[id, "/bin/sleep", "600"]);
+    let out = ctx.rt.run(&args)?;
+    if !out.success() {
+        return Ok(Err(out.describe()));
+    }
+    let pid = super::wait_file(std::path::Path::new(&pid_file))
+        .and_then(|s| s.trim().parse::<i32>().ok());
+    Ok(pid.ok_or_else(|| format!("no pid in {pid_file}")))
+}
+
+/// `exec` joins every cgroup of the container's init; `exec --cgroup`
+/// (runc 1.1) moves the process into an existing sub-cgroup, of every
+/// hierarchy or of the controllers named, and refuses a missing or
+/// escaping sub-cgroup and malformed arguments.
+fn exec_cgroup(ctx: &mut Ctx) -> Result<()> {
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let mut b = ctx.bundle()?;
+    b.set("/linux/cgroupsPath", json!(cg));
+    let init = ctx.start_sleeper_as(&mut b, &id)?;
+    let init_cgroups = memberships(init)?;
+    let mut pids = Vec::new();
+    let mut made = Vec::new();
+    let result = exec_cgroup_checks(ctx, &id, &cg, &init_cgroups, &mut pids, &mut made);
+    for pid in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    crate::reaper::tick(std::time::Duration::from_millis(100));
+    for d in made.iter().rev() {
+        let _ = std::fs::remove_dir(d);
+    }
+    ctx.rt.quiet(&["delete", "--force", &id]);
+    result
+}
+
+fn exec_cgroup_checks(
+    ctx: &mut Ctx,
+    id: &str,
+    cg: &str,
+    init_cgroups: &[(String, String)],
+    pids: &mut Vec<i32>,
+    made: &mut Vec<PathBuf>,
+) -> Result<()> {
+    match exec_detached(ctx, id, &[])? {
+        Ok(pid) => {
+            pids.push(pid);
+            let got = memberships(pid)?;
+            ctx.check(
+                "exec joins every cgroup of the init",
+                got == init_cgroups,
+                || format!("exec in {got:?}, init in {init_cgroups:?}"),
+            );
+        }
+        Err(e) => {
+            ctx.check("exec joins every cgroup of the init", false, || e);
+        }
+    }
+    let sub = format!("{cg}/sub");
+    let Some(memory_sub) = hierarchy_dir("memory", &sub) else {
+        ctx.record(
+            "exec --cgroup memory:sub joins memory's sub-cgroup only",
+            Outcome::Skip("the host has no v1 memory cgroup".into()),
+        );
+        return Ok(());
+    };
+    std::fs::create_dir(&memory_sub).with_context(|| format!("mkdir {}", memory_sub.display()))?;
+    made.push(memory_sub);
+    match exec_detached(ctx, id, &["--cgroup", "memory:sub"])? {
+        Ok(pid) => {
+            pids.push(pid);
+            let got = memberships(pid)?;
+            let want: Vec<(String, String)> = init_cgroups
+                .iter()
+                .map(|(c, p)| match c.split(',').any(|x| x == "memory") {
+                    true => (c.clone(), sub.clone()),
+                    false => (c.clone(), p.clone()),
+                })
+                .collect();
+            ctx.check(
+                "exec --cgroup memory:sub joins memory's sub-cgroup only",
+                got == want,
+                || format!("exec in {got:?}, want {want:?}"),
+            );
+        }
+        Err(e) => {
+            ctx.check(
+                "exec --cgroup memory:sub joins memory's sub-cgroup only",
+                false,
+                || e,
+            );
+        }
+    }
+    let res = exec_detached(ctx, id, &["--cgroup", "sub"])?;
+    if let Ok(pid) = res {
+        pids.push(pid);
+    }
+    ctx.check(
+        "exec --cgroup sub missing from other hierarchies refused",
+        res.is_err(),
+        || "the exec started".into(),
+    );
+    // Every hierarchy the init is in at cgroupsPath gets the sub-cgroup.
+    for (c, p) in init_cgroups {
+        if p == cg {
+            if let Some(d) = hierarchy_dir(c, &sub).filter(|d| !d.exists()) {
+                std::fs::create_dir(&d).with_context(|| format!("mkdir {}", d.display()))?;
+                made.push(d.clone());
+                // A new v1 cpuset has no cpus or mems: give it its parent's.
+                for f in ["cpuset.cpus", "cpuset.mems"] {
+                    if let Some(parent) = d.parent().filter(|p| p.join(f).exists()) {
+                        let v = std::fs::read_to_string(parent.join(f))?;
+                        std::fs::write(d.join(f), v.trim())
+                            .with_context(|| format!("write {}", d.join(f).display()))?;
+                    }
+                }
+            }
+        }
+    }
+    match exec_detached(ctx, id, &["--cgroup", "/sub"])? {
+        Ok(pid) => {
+            pids.push(pid);
+            let got = memberships(pid)?;
+            let want: Vec<(String, String)> = init_cgroups
+                .iter()
+                .map(|(c, p)| match p == cg {
+                    true => (c.clone(), sub.clone()),
+                    false => (c.clone(), p.clone()),
+                })
+                .collect();
+            ctx.check(
+                "exec --cgroup /sub joins it in every hierarchy",
+                got == want,
+                || format!("exec in {got:?}, want {want:?}"),
+            );
+        }
+        Err(e) => {
+            ctx.check(
+                "exec --cgroup /sub joins it in every hierarchy",
+                false,
+                || e,
+            );
+        }
+    }
+    let refusals: &[(&str, &[&str], &str)] = &[
+        (
+            "escaping",
+            &["--cgroup", "memory:../../x"],
+            "is not a sub cgroup path",
+        ),
+        (
+            "three parts",
+            &["--cgroup", "a:b:c"],
+            "invalid --cgroup argument: a:b:c",
+        ),
+        (
+            "two without a controller",
+            &["--cgroup", "sub", "--cgroup", "sub"],
+            "missing <controller>: prefix",
+        ),
+        ("unknown controller", &["--cgroup", "bogus:sub"], "bogus"),
+    ];
+    for (what, opts, msg) in refusals {
+        let res = exec_detached(ctx, id, opts)?;
+        match res {
+            Ok(pid) => {
+                pids.push(pid);
+                ctx.check(format!("exec --cgroup {what} refused"), false, || {
+                    "the exec started".into()
+                });
+            }
+            Err(e) => {
+                ctx.check(
+                    format!("exec --cgroup {what} refused"),
+                    e.contains(msg),
+                    || format!("want {msg:?} in: {e}"),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A bundle whose workload may write its cgroups: `/sys` and the cgroup
+/// mount read-write (the container has its own cgroup namespace).
+fn writable_cgroups(ctx: &mut Ctx, id: &str) -> Result<crate::bundle::Bundle> {
+    let mut b = ctx.bundle()?;
+    b.set("/linux/cgroupsPath", json!(ctx.cgroup_path(id)));
+    if let Some(mounts) = b.config["mounts"].as_array_mut() {
+        for m in mounts.iter_mut() {
+            if m["destination"] == "/sys" || m["destination"] == "/sys/fs/cgroup" {
+                if let Some(opts) = m["options"].as_array_mut() {
+                    opts.retain(|o| o != "ro");
+                    opts.push(json!("rw"));
+                }
+            }
+        }
+    }
+    Ok(b)
+}
+
+/// The container's cgroup directories (and below) left in any hierarchy.
+fn cgroup_dirs_left(cg: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.path().join(cg.trim_start_matches('/')))
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+/// `delete` and `delete --force` remove the cgroups the workload made
+/// below the container's, as runc removes the whole tree.
+fn delete_children(ctx: &mut Ctx) -> Result<()> {
+    if host_mount(Some("memory")).is_none() || host_mount(Some("pids")).is_none() {
+        for name in [
+            "delete --force removes child cgroups",
+            "delete removes child cgroups",
+            "run removes child cgroups at exit",
+        ] {
+            ctx.record(
+                name,
+                Outcome::Skip("the host has no v1 memory and pids cgroups".into()),
+            );
+        }
+        return Ok(());
+    }
+    const MAKE: &str = "mkdir -p /sys/fs/cgroup/memory/child/deeper /sys/fs/cgroup/pids/child && \
+                        echo $$ > /sys/fs/cgroup/memory/child/deeper/cgroup.procs && \
+                        echo $$ > /sys/fs/cgroup/pids/child/cgroup.procs";
+    // Running, with its init in the children: delete --force.
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let mut b = writable_cgroups(ctx, &id)?;
+    b.args(&["/bin/sh", "-c", &format!("{MAKE} && exec sleep 600")]);
+    b.write()?;
+    let out = ctx.rt.run(&["run", "-d", "--bundle", &b.dir_str(), &id])?;
+    if !out.success() {
+        bail!("run -d: {}", out.describe());
+    }
+    let deeper = host_mount(Some("memory"))
+        .map(|m| m.join(cg.trim_start_matches('/')).join("child/deeper"))
+        .unwrap_or_default();
+    let made = super::wait_file(&deeper.join("cgroup.procs")).is_some_and(|s| !s.trim().is_empty());
+    if !made {
+        bail!("the workload did not move into {}", deeper.display());
+    }
+    let out = ctx.rt.run(&["delete", "--force", &id])?;
+    let left = cgroup_dirs_left(&cg);
+    ctx.check(
+        "delete --force removes child cgroups",
+        out.success() && left.is_empty(),
+        || format!("delete: {}; left: {left:?}", out.describe()),
+    );
+    // Stopped: the workload made children and exited; delete.
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let mut b = writable_cgroups(ctx, &id)?;
+    b.args(&["/bin/sh", "-c", MAKE]);
+    b.write()?;
+    let out = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
+    if !out.success() {
+        bail!("create: {}", out.describe());
+    }
+    let out = ctx.rt.run(&["start", &id])?;
+    if !out.success() {
+        bail!("start: {}", out.describe());
+    }
+    if let Err(e) = ctx.wait_status(&id, "stopped") {
+        bail!("the workload did not stop: {e}");
+    }
+    let before = cgroup_dirs_left(&cg);
+    let out = ctx.rt.run(&["delete", &id])?;
+    let left = cgroup_dirs_left(&cg);
+    ctx.check(
+        "delete removes child cgroups",
+        !before.is_empty() && out.success() && left.is_empty(),
+        || {
+            format!(
+                "before: {before:?}; delete: {}; left: {left:?}",
+                out.describe()
+            )
+        },
+    );
+    // A foreground run deletes the container, children and all, at exit.
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let mut b = writable_cgroups(ctx, &id)?;
+    b.args(&["/bin/sh", "-c", MAKE]);
+    b.write()?;
+    let out = ctx.rt.run(&["run", "--bundle", &b.dir_str(), &id])?;
+    let left = cgroup_dirs_left(&cg);
+    ctx.check(
+        "run removes child cgroups at exit",
+        out.success() && left.is_empty(),
+        || format!("run: {}; left: {left:?}", out.describe()),
+    );
+    Ok(())
+}
+
+/// Removes the cgroup at `cg` (and below) from every hierarchy, thawed.
+fn remove_everywhere(cg: &str) {
+    for d in cgroup_dirs_left(cg) {
+        let _ = std::fs::write(d.join("freezer.state"), "THAWED");
+        let mut all = vec![d.clone()];
+        let mut i = 0;
+        while i < all.len() {
+            if let Ok(entries) = std::fs::read_dir(&all[i]) {
+                all.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+            }
+            i += 1;
+        }
+        for d in all.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// `create` into a cgroup that already holds a process warns as runc 1.1
+/// does and creates the container; into a frozen one it fails with runc's
+/// error (the init would stay frozen) instead of hanging, leaving nothing.
+fn preexisting(ctx: &mut Ctx) -> Result<()> {
+    let (Some(devices), Some(freezer)) = (host_mount(Some("devices")), host_mount(Some("freezer")))
+    else {
+        for name in [
+            "create into a populated cgroup warns",
+            "create into a frozen cgroup refused",
+            "no container left after a frozen cgroup",
+        ] {
+            ctx.record(
+                name,
+                Outcome::Skip("the host has no v1 devices and freezer cgroups".into()),
+            );
+        }
+        return Ok(());
+    };
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let dir = devices.join(cg.trim_start_matches('/'));
+    std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+    let mut stranger = std::process::Command::new("sleep").arg("600").spawn()?;
+    crate::reaper::register(stranger.id());
+    let moved = std::fs::write(dir.join("cgroup.procs"), stranger.id().to_string());
+    let mut b = ctx.bundle()?;
+    b.set("/linux/cgroupsPath", json!(cg));
+    b.args(&["/bin/sleep", "600"]);
+    b.write()?;
+    let out = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+    crate::reaper::unregister(stranger.id());
+    moved.with_context(|| format!("move a process into {}", dir.display()))?;
+    ctx.check(
+        "create into a populated cgroup warns",
+        out.success()
+            && out
+                .stderr
+                .contains("container's cgroup is not empty: 1 process(es) found"),
+        || out.describe(),
+    );
+    ctx.rt.quiet(&["delete", "--force", &id]);
+    remove_everywhere(&cg);
+
+    let id = ctx.id();
+    let cg = ctx.cgroup_path(&id);
+    let dir = freezer.join(cg.trim_start_matches('/'));
+    std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+    std::fs::write(dir.join("freezer.state"), "FROZEN")
+        .with_context(|| format!("freeze {}", dir.display()))?;
+    let mut b = ctx.bundle()?;
+    b.set("/linux/cgroupsPath", json!(cg));
+    b.args(&["/bin/sleep", "600"]);
+    b.write()?;
+    let out = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
+    ctx.check(
+        "create into a frozen cgroup refused",
+        !out.timed_out
+            && out.code.is_some_and(|c| c != 0)
+            && out
+                .stderr
+                .contains("container's cgroup unexpectedly frozen"),
+        || out.describe(),
+    );
+    let st = ctx.state(&id);
+    ctx.check(
+        "no container left after a frozen cgroup",
+        st.is_err(),
+        || super::show(&st),
+    );
+    ctx.rt.quiet(&["delete", "--force", &id]);
+    remove_everywhere(&cg);
     Ok(())
 }

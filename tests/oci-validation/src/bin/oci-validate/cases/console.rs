@@ -15,7 +15,11 @@ use serde_json::json;
 use super::{CaseFn, Ctx};
 use crate::runtime::{Pending, TIMEOUT};
 
-pub const CASES: &[(&str, CaseFn)] = &[("console", console), ("exec-tty", exec_tty)];
+pub const CASES: &[(&str, CaseFn)] = &[
+    ("console", console),
+    ("console-user", console_user),
+    ("exec-tty", exec_tty),
+];
 
 /// Accepts the runtime's connection on `listener` and receives one fd,
 /// giving up when `pending` exits first or after the timeout.
@@ -108,22 +112,41 @@ fn is_tty(fd: &OwnedFd) -> bool {
 }
 
 fn console(ctx: &mut Ctx) -> Result<()> {
+    console_as(ctx, None, (33, 101))
+}
+
+/// The console of a process running as uid 1000 belongs to uid 1000, as
+/// runc makes it.
+fn console_user(ctx: &mut Ctx) -> Result<()> {
+    console_as(ctx, Some(1000), (41, 132))
+}
+
+fn console_as(ctx: &mut Ctx, uid: Option<u32>, (rows, cols): (u16, u16)) -> Result<()> {
     let dir = ctx.scratch("console")?;
     let sock = dir.join("console.sock");
     let listener = UnixListener::bind(&sock).context("bind console socket")?;
     let mut b = ctx.bundle()?;
     b.set("/process/terminal", json!(true));
-    b.set("/process/consoleSize", json!({"height": 33, "width": 101}));
-    let mut e = tty_expectations(33, 101);
+    b.set(
+        "/process/consoleSize",
+        json!({"height": rows, "width": cols}),
+    );
+    if let Some(uid) = uid {
+        b.set("/process/user", json!({"uid": uid, "gid": uid}));
+    }
+    let mut e = tty_expectations(rows, cols);
     e.push(
-        "/dev/console is the pty slave",
+        match uid {
+            Some(_) => "/dev/console is the pty slave, owned by the process's uid",
+            None => "/dev/console is the pty slave",
+        },
         Check::Node {
             path: "/dev/console".into(),
             node_type: 'c',
             major: Some(136),
             minor: None,
             mode: None,
-            uid: None,
+            uid,
             gid: None,
         },
     );
@@ -174,12 +197,12 @@ fn exec_tty(ctx: &mut Ctx) -> Result<()> {
     let listener = UnixListener::bind(&sock).context("bind console socket")?;
     let mut b = ctx.bundle()?;
     let (id, _pid) = ctx.start_sleeper(&mut b)?;
-    let e = tty_expectations(24, 80);
+    let e = tty_expectations(41, 132);
     let expect = "/oci-expect-tty.json";
     b.write_expect_at(expect, &e)?;
     let process = json!({
         "terminal": true,
-        "consoleSize": {"height": 24, "width": 80},
+        "consoleSize": {"height": 41, "width": 132},
         "user": {"uid": 0, "gid": 0},
         "args": [CHECKER_PATH, expect],
         "env": ["PATH=/bin", "TERM=xterm"],

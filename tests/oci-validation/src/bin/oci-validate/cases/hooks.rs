@@ -9,7 +9,12 @@ use serde_json::{json, Value};
 use super::lifecycle::bundle_with_out;
 use super::{CaseFn, Ctx};
 
-pub const CASES: &[(&str, CaseFn)] = &[("hooks", hooks), ("hooks-failing", failing)];
+pub const CASES: &[(&str, CaseFn)] = &[
+    ("hooks", hooks),
+    ("hooks-failing", failing),
+    ("hooks-cwd", cwd),
+    ("hooks-error", error),
+];
 
 const KINDS: [&str; 6] = [
     "prestart",
@@ -206,6 +211,93 @@ fn failing(ctx: &mut Ctx) -> Result<()> {
         "container gone despite failing poststop",
         st.is_err(),
         || super::show(&st),
+    );
+    Ok(())
+}
+
+/// The directory each host hook runs in, as runc gives it: the bundle for
+/// the hooks `create` runs, the caller's for poststop (`delete` does not
+/// change directory). The harness calls every runtime from its own cwd.
+fn cwd(ctx: &mut Ctx) -> Result<()> {
+    let (mut b, out) = bundle_with_out(ctx)?;
+    let log = out.to_string_lossy().into_owned();
+    for kind in ["prestart", "createRuntime", "poststop"] {
+        b.push(
+            &format!("/hooks/{kind}"),
+            json!({"path": "/bin/sh", "args": ["sh", "-c", format!("pwd > {log}/{kind}.cwd")]}),
+        );
+    }
+    b.args(&["/bin/true"]);
+    b.write()?;
+    let id = ctx.id();
+    let res = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
+    if !res.success() {
+        bail!("create: {}", res.describe());
+    }
+    ctx.rt.run(&["start", &id])?;
+    let st = ctx.wait_status(&id, "stopped");
+    if st.is_err() {
+        bail!("container did not stop: {st:?}");
+    }
+    ctx.rt.run(&["delete", &id])?;
+    let caller = std::env::current_dir()?.to_string_lossy().into_owned();
+    for (kind, want, place) in [
+        ("prestart", b.dir_str(), "the bundle"),
+        ("createRuntime", b.dir_str(), "the bundle"),
+        ("poststop", caller, "the caller's directory"),
+    ] {
+        let got = std::fs::read_to_string(out.join(format!("{kind}.cwd"))).unwrap_or_default();
+        ctx.check(
+            format!("{kind} runs in {place}"),
+            got.trim() == want,
+            || format!("cwd {:?}, want {want:?}", got.trim()),
+        );
+    }
+    Ok(())
+}
+
+/// A failing hook's error gives its exit status in runc's words.
+fn error(ctx: &mut Ctx) -> Result<()> {
+    let mut b = ctx.bundle()?;
+    b.push("/hooks/createRuntime", json!({"path": "/bin/true"}));
+    b.push(
+        "/hooks/createRuntime",
+        json!({"path": "/bin/sh", "args": ["sh", "-c", "exit 3"]}),
+    );
+    b.write()?;
+    let id = ctx.id();
+    let res = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
+    ctx.check(
+        "failing createRuntime hook: error running hook: exit status 3",
+        !res.success()
+            && res.stderr.contains("error running hook")
+            && res.stderr.contains("exit status 3"),
+        || res.describe(),
+    );
+    let mut b = ctx.bundle()?;
+    b.push(
+        "/hooks/poststop",
+        json!({"path": "/bin/sh", "args": ["sh", "-c", "exit 4"]}),
+    );
+    b.args(&["/bin/true"]);
+    b.write()?;
+    let id = ctx.id();
+    let res = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
+    if !res.success() {
+        bail!("create: {}", res.describe());
+    }
+    ctx.rt.run(&["start", &id])?;
+    let st = ctx.wait_status(&id, "stopped");
+    if st.is_err() {
+        bail!("container did not stop: {st:?}");
+    }
+    let res = ctx.rt.run(&["delete", &id])?;
+    ctx.check(
+        "failing poststop hook: delete says exit status 4",
+        res.success()
+            && res.stderr.contains("error running hook")
+            && res.stderr.contains("exit status 4"),
+        || res.describe(),
     );
     Ok(())
 }

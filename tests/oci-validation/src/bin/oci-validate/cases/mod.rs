@@ -12,6 +12,7 @@ mod lifecycle;
 mod mounts;
 mod namespaces;
 mod process;
+mod seccomp_notify;
 mod security;
 
 use std::collections::HashMap;
@@ -41,6 +42,7 @@ pub fn all() -> Vec<(&'static str, CaseFn)> {
     v.extend_from_slice(mounts::CASES);
     v.extend_from_slice(devices::CASES);
     v.extend_from_slice(security::CASES);
+    v.extend_from_slice(seccomp_notify::CASES);
     v.extend_from_slice(cgroups::CASES);
     v.extend_from_slice(lifecycle::CASES);
     v.extend_from_slice(hooks::CASES);
