@@ -12,7 +12,9 @@
 //! - `egress_resolver`: the egress policy's resolver, which the sandbox's
 //!   DNS queries and the upstream's answers reach;
 //! - `virtio_chain`, `virtio_mmio`: the builtin VMM's descriptor-chain
-//!   validator with virtio-rng, and its virtio-mmio transport.
+//!   validator with virtio-rng, and its virtio-mmio transport;
+//! - `virtio_console_control`: the builtin VMM's virtio-console control
+//!   messages.
 //!
 //! `cargo test` runs each target for a bounded number of cases and replays
 //! `regressions/<target>/*`; the `agentvm-fuzz` binary (`make fuzz`) runs
@@ -89,6 +91,11 @@ mod tests {
     #[test]
     fn virtio_chain_bounded() {
         bounded("virtio_chain", 5000);
+    }
+
+    #[test]
+    fn virtio_console_control_bounded() {
+        bounded("virtio_console_control", 5000);
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod protocol;
 pub mod spec;
 pub mod values;
 pub mod virtio_chain;
+pub mod virtio_console_control;
 pub mod virtio_mmio;
 
 /// One fuzz target.
@@ -79,6 +80,12 @@ pub const TARGETS: &[Target] = &[
         about: "the builtin VMM's descriptor-chain validator and virtio-rng: guest descriptor tables and avail rings",
         generate: virtio_chain::generate,
         run: virtio_chain::run,
+    },
+    Target {
+        name: "virtio_console_control",
+        about: "the builtin VMM's virtio-console control messages: what a guest driver writes on the control queue",
+        generate: virtio_console_control::generate,
+        run: virtio_console_control::run,
     },
     Target {
         name: "virtio_mmio",

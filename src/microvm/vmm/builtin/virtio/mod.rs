@@ -10,6 +10,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 pub mod chain;
+pub mod console;
 pub mod mmio;
 pub mod queue;
 pub mod rng;
