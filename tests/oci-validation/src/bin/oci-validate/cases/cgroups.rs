@@ -357,16 +357,14 @@ fn oom_kill_disable(pid: i32) -> Result<Option<String>> {
 /// it; without it the OOM killer stays on.
 fn oom_killer(ctx: &mut Ctx) -> Result<()> {
     if host_mount(Some("memory")).is_none() {
-        for name in [
-            "disableOOMKiller: oom_kill_disable 1",
-            "after update: oom_kill_disable 1",
-            "without disableOOMKiller: oom_kill_disable 0",
-        ] {
-            ctx.record(
-                name,
-                Outcome::Skip("the host has no v1 memory cgroup".into()),
-            );
-        }
+        ctx.skip_all(
+            &[
+                "disableOOMKiller: oom_kill_disable 1",
+                "after update: oom_kill_disable 1",
+                "without disableOOMKiller: oom_kill_disable 0",
+            ],
+            "the host has no v1 memory cgroup",
+        );
         return Ok(());
     }
     for (disable, name) in [
@@ -653,16 +651,14 @@ fn cgroup_dirs_left(cg: &str) -> Vec<PathBuf> {
 /// below the container's, as runc removes the whole tree.
 fn delete_children(ctx: &mut Ctx) -> Result<()> {
     if host_mount(Some("memory")).is_none() || host_mount(Some("pids")).is_none() {
-        for name in [
-            "delete --force removes child cgroups",
-            "delete removes child cgroups",
-            "run removes child cgroups at exit",
-        ] {
-            ctx.record(
-                name,
-                Outcome::Skip("the host has no v1 memory and pids cgroups".into()),
-            );
-        }
+        ctx.skip_all(
+            &[
+                "delete --force removes child cgroups",
+                "delete removes child cgroups",
+                "run removes child cgroups at exit",
+            ],
+            "the host has no v1 memory and pids cgroups",
+        );
         return Ok(());
     }
     const MAKE: &str = "mkdir -p /sys/fs/cgroup/memory/child/deeper /sys/fs/cgroup/pids/child && \
@@ -762,16 +758,14 @@ fn remove_everywhere(cg: &str) {
 fn preexisting(ctx: &mut Ctx) -> Result<()> {
     let (Some(devices), Some(freezer)) = (host_mount(Some("devices")), host_mount(Some("freezer")))
     else {
-        for name in [
-            "create into a populated cgroup warns",
-            "create into a frozen cgroup refused",
-            "no container left after a frozen cgroup",
-        ] {
-            ctx.record(
-                name,
-                Outcome::Skip("the host has no v1 devices and freezer cgroups".into()),
-            );
-        }
+        ctx.skip_all(
+            &[
+                "create into a populated cgroup warns",
+                "create into a frozen cgroup refused",
+                "no container left after a frozen cgroup",
+            ],
+            "the host has no v1 devices and freezer cgroups",
+        );
         return Ok(());
     };
     let id = ctx.id();

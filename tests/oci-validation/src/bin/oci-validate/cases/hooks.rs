@@ -187,24 +187,7 @@ fn failing(ctx: &mut Ctx) -> Result<()> {
     let res = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
     ctx.check_refused("hook over its timeout fails create", &res);
     // A failing poststop hook only warns: delete still succeeds.
-    let mut b = ctx.bundle()?;
-    b.push(
-        "/hooks/poststop",
-        json!({"path": "/bin/sh", "args": ["sh", "-c", "exit 1"]}),
-    );
-    b.args(&["/bin/true"]);
-    b.write()?;
-    let id = ctx.id();
-    let res = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
-    if !res.success() {
-        bail!("create: {}", res.describe());
-    }
-    ctx.rt.run(&["start", &id])?;
-    let st = ctx.wait_status(&id, "stopped");
-    if st.is_err() {
-        bail!("container did not stop: {st:?}");
-    }
-    let res = ctx.rt.run(&["delete", &id])?;
+    let (id, res) = delete_after_failing_poststop(ctx, 1)?;
     ctx.check_ok("failing poststop hook does not fail delete", &res);
     let st = ctx.state(&id);
     ctx.check(
@@ -274,10 +257,27 @@ fn error(ctx: &mut Ctx) -> Result<()> {
             && res.stderr.contains("exit status 3"),
         || res.describe(),
     );
+    let (_, res) = delete_after_failing_poststop(ctx, 4)?;
+    ctx.check(
+        "failing poststop hook: delete says exit status 4",
+        res.success()
+            && res.stderr.contains("error running hook")
+            && res.stderr.contains("exit status 4"),
+        || res.describe(),
+    );
+    Ok(())
+}
+
+/// Runs `/bin/true` with a poststop hook that exits with `status`, and
+/// deletes the stopped container: the id and what `delete` gave.
+fn delete_after_failing_poststop(
+    ctx: &mut Ctx,
+    status: u8,
+) -> Result<(String, super::super::runtime::Output)> {
     let mut b = ctx.bundle()?;
     b.push(
         "/hooks/poststop",
-        json!({"path": "/bin/sh", "args": ["sh", "-c", "exit 4"]}),
+        json!({"path": "/bin/sh", "args": ["sh", "-c", format!("exit {status}")]}),
     );
     b.args(&["/bin/true"]);
     b.write()?;
@@ -292,12 +292,5 @@ fn error(ctx: &mut Ctx) -> Result<()> {
         bail!("container did not stop: {st:?}");
     }
     let res = ctx.rt.run(&["delete", &id])?;
-    ctx.check(
-        "failing poststop hook: delete says exit status 4",
-        res.success()
-            && res.stderr.contains("error running hook")
-            && res.stderr.contains("exit status 4"),
-        || res.describe(),
-    );
-    Ok(())
+    Ok((id, res))
 }

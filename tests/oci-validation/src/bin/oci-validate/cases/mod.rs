@@ -157,6 +157,14 @@ impl<'a> Ctx<'a> {
             .push((format!("{}/{}", self.case, check.as_ref()), outcome));
     }
 
+    /// Records each of `checks` as skipped for the same reason (a case
+    /// that cannot run on this host still names what it would check).
+    pub fn skip_all(&mut self, checks: &[&str], why: &str) {
+        for check in checks {
+            self.record(check, Outcome::Skip(why.to_string()));
+        }
+    }
+
     /// Records ok when `cond` holds, otherwise a failure with `detail()`.
     pub fn check(
         &mut self,
