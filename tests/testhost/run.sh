@@ -91,16 +91,16 @@ mount -t tmpfs tmpfs /tmp
 echo "$MARK: booted \$(cut -d' ' -f1 /proc/uptime)"
 passed=0
 failed=0
-# step NAME COMMAND...: runs COMMAND with its output on the console; the
+# step NAME COMMAND...: runs COMMAND with its output on the console as it
+# comes (if the test host dies mid-step, the log shows how far it got); the
 # step fails on a non-zero status or a test's 'skipped:' (at a line's start
 # or after the harness's 'test NAME ... ') in its output.
 step() {
     name=\$1; shift
     echo "$MARK: begin \$name"
     t0=\$(cut -d' ' -f1 /proc/uptime)
-    "\$@" >/tmp/step.out 2>&1
-    rc=\$?
-    cat /tmp/step.out
+    { "\$@"; echo \$? >/tmp/step.rc; } 2>&1 | tee /tmp/step.out
+    rc=\$(cat /tmp/step.rc)
     if [ \$rc = 0 ] && grep -qE '(^|\.\.\. )skipped:' /tmp/step.out; then rc=skipped; fi
     t=\$(awk -v a="\$t0" -v b="\$(cut -d' ' -f1 /proc/uptime)" 'BEGIN { printf "%.2f", b - a }')
     if [ "\$rc" = 0 ]; then
@@ -157,7 +157,7 @@ main() {
 
     local append="console=ttyS0 reboot=t panic=-1 no_timer_check tsc_early_khz=$khz tsc=reliable"
     # shellcheck disable=SC2054 # the commas are QEMU's option syntax
-    local qemu=(qemu-system-x86_64 -M microvm,acpi=off -accel tcg -cpu max -m 1024 -smp 2
+    local qemu=(qemu-system-x86_64 -M microvm,acpi=off -accel "tcg${TESTHOST_TCG_OPTS:-}" -cpu max -m 1024 -smp 2
         -nographic -no-reboot -kernel "$host_kernel" -initrd "$tmp/initramfs.cpio" -append "$append")
     log "test host kernel $host_kernel, guest kernel $guest_kernel, tests $tests"
     local t_start t_boot="" t_end line qemu_rc

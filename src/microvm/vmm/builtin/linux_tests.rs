@@ -104,6 +104,37 @@ fn config(kernel: &Path, initramfs: &Path) -> VmConfig {
     }
 }
 
+/// A file that grows (the guest's console), read from where the last
+/// read ended.
+struct Tail {
+    file: std::fs::File,
+    text: String,
+    printed: usize,
+}
+
+impl Tail {
+    fn new(path: &Path) -> Tail {
+        Tail {
+            file: std::fs::File::open(path).unwrap(),
+            text: String::new(),
+            printed: 0,
+        }
+    }
+
+    /// Reads what was appended and prints its complete lines.
+    fn echo_new(&mut self) {
+        let mut bytes = Vec::new();
+        self.file.read_to_end(&mut bytes).unwrap();
+        self.text.push_str(&String::from_utf8_lossy(&bytes));
+        if let Some(end) = self.text.rfind('\n') {
+            if end + 1 > self.printed {
+                print!("{}", &self.text[self.printed..end + 1]);
+                self.printed = end + 1;
+            }
+        }
+    }
+}
+
 #[test]
 fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
     let test = "the_guest_kernel_boots_to_its_init_and_resets_the_vm";
@@ -131,18 +162,22 @@ fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
     });
     // While it runs, watch the console for the init's first line (the
     // time from the start of the run to the guest's /init).
+    // The console is copied to the test's output as it grows: if the
+    // test host itself dies mid-boot, its serial log still shows how far
+    // the guest got.
     let run_started = Instant::now();
     let init_line = format!("{MARK} init ");
     let mut to_init = None;
+    let mut console = Tail::new(&console_path);
+    println!("--- guest console ---");
     let result = loop {
         match rx.recv_timeout(Duration::from_millis(20)) {
             Ok(r) => break Some(r),
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break None,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
         }
-        if to_init.is_none()
-            && std::fs::read_to_string(&console_path).is_ok_and(|t| t.contains(&init_line))
-        {
+        console.echo_new();
+        if to_init.is_none() && console.text.contains(&init_line) {
             to_init = Some(run_started.elapsed());
         }
         if run_started.elapsed() > LIMIT {
@@ -153,12 +188,12 @@ fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
     };
     runner.join().unwrap();
     let ran = run_started.elapsed();
-    let mut text = String::new();
-    std::fs::File::open(&console_path)
-        .unwrap()
-        .read_to_string(&mut text)
-        .unwrap();
-    println!("--- guest console ---\n{text}--- end of guest console ---");
+    console.echo_new();
+    if console.printed < console.text.len() {
+        println!("{}", &console.text[console.printed..]);
+    }
+    println!("--- end of guest console ---");
+    let text = console.text;
     println!(
         "built in {built:?}; the guest's /init printed {to_init:?} after the run started \
          (20 ms polls); the guest reset the VM {ran:?} after it started"
