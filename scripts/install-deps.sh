@@ -10,6 +10,9 @@ PACKAGES=(
   libelf-dev zlib1g-dev
   # the peers and clients the tests drive
   runc crun docker.io containerd podman
+  # containerd's CRI plugin in the pod tests: the pods' networks (bridge,
+  # host-local, portmap), and protoc for the CRI client (k8s-cri's build)
+  containernetworking-plugins protobuf-compiler
   # images and test tools
   busybox-static iproute2 iptables nftables dnsmasq-base socat jq procps util-linux psmisc
   # the microvm tier: QEMU, and what virtiofsd builds against

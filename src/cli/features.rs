@@ -119,7 +119,8 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
              container's namespace, egress policy by address and by name (--egress; a proxy checks TLS SNI and HTTP Host); refused: the host's network \
              (--network host); update of the memory limit past what the VM booted for, up to \
              microvm.memory_ceiling_mib (a balloon); not implemented yet: joining host \
-             namespaces by path, update of vCPUs after create",
+             namespaces by path, update of vCPUs after create, a Kubernetes pod's second \
+             container (a pod in one microVM)",
             h.accel.as_str(),
             h.accel_reason
         ),

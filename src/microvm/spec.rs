@@ -139,6 +139,21 @@ pub fn guest_ram_for(resources: &oci_spec::runtime::LinuxResources, vm_mib: u64)
 /// Builds the guest plan. `bundle` resolves relative paths; `rootfs` is the
 /// bundle's rootfs on the host. A value the VM would have to interpret and
 /// cannot is an error naming the field, never dropped.
+/// CRI's annotation that tells a pod's sandbox from its other containers.
+pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+
+/// Whether the spec is a container that CRI adds to a pod (any but the
+/// pod's sandbox): it shares the sandbox's network, IPC and UTS
+/// namespaces. In the microvm tier that needs the pod's VM, which does not
+/// exist yet: a VM of its own would take the pod's address a second time
+/// and not see the pod's `localhost` (`MicrovmRuntime::create` refuses it).
+pub fn is_pod_member(spec: &Spec) -> bool {
+    spec.annotations()
+        .as_ref()
+        .and_then(|a| a.get(CRI_CONTAINER_TYPE))
+        .is_some_and(|kind| kind == "container")
+}
+
 pub fn plan(
     spec: &Spec,
     bundle: &Path,
@@ -375,6 +390,20 @@ mod tests {
             Path::new("/b/rootfs"),
             &Config::default(),
         )
+    }
+
+    #[test]
+    fn a_container_cri_adds_to_a_pod_is_told_from_its_sandbox() {
+        let with = |kind: &str| {
+            let mut s = spec();
+            let mut a = std::collections::HashMap::new();
+            a.insert(CRI_CONTAINER_TYPE.to_string(), kind.to_string());
+            s.set_annotations(Some(a));
+            is_pod_member(&s)
+        };
+        assert!(with("container"));
+        assert!(!with("sandbox"));
+        assert!(!is_pod_member(&spec()));
     }
 
     #[test]

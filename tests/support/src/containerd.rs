@@ -28,12 +28,14 @@ pub struct Containerd {
     instance: Instance,
 }
 
-/// One containerd of the tests: its name under [`RUN_DIR`] and the
-/// directory put first in its `PATH`, if any.
+/// One containerd of the tests: its name under [`RUN_DIR`], the
+/// directory put first in its `PATH`, if any, and the configuration of its
+/// CRI plugin (disabled when `None`).
 #[derive(Clone)]
-struct Instance {
-    name: &'static str,
-    path_first: Option<PathBuf>,
+pub(crate) struct Instance {
+    pub(crate) name: &'static str,
+    pub(crate) path_first: Option<PathBuf>,
+    pub(crate) cri: Option<String>,
 }
 
 /// The runtime name of agentvm's shim v2.
@@ -50,6 +52,7 @@ pub fn containerd() -> Result<&'static Containerd, String> {
             Ok(Containerd::started(Instance {
                 name: "containerd",
                 path_first: None,
+                cri: None,
             }))
         })
         .as_ref()
@@ -75,6 +78,7 @@ pub fn containerd_for_shim() -> Result<&'static Containerd, String> {
             Ok(Containerd::started(Instance {
                 name: "containerd-shim",
                 path_first: shim.parent().map(Path::to_path_buf),
+                cri: None,
             }))
         })
         .as_ref()
@@ -94,11 +98,11 @@ impl Containerd {
 }
 
 impl Instance {
-    fn dir(&self) -> PathBuf {
+    pub(crate) fn dir(&self) -> PathBuf {
         Path::new(RUN_DIR).join(self.name)
     }
 
-    fn socket(&self) -> PathBuf {
+    pub(crate) fn socket(&self) -> PathBuf {
         self.dir().join("containerd.sock")
     }
 
@@ -113,24 +117,33 @@ impl Instance {
             Some(p) => format!("# PATH starts with {}\n", p.display()),
             None => String::new(),
         };
+        let (disabled, cri) = match &self.cri {
+            Some(cri) => ("", cri.as_str()),
+            None => ("disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n", ""),
+        };
         format!(
             "{path_note}version = 2\n\
              root = \"{}\"\n\
              state = \"{}\"\n\
-             disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+             {disabled}\
              \n\
-             [grpc]\n  address = \"{}\"\n",
+             [grpc]\n  address = \"{}\"\n{cri}",
             Path::new(DATA_DIR).join(self.name).display(),
             self.dir().join("state").display(),
             self.socket().display(),
         )
     }
 
-    fn ctr(&self) -> Command {
+    pub(crate) fn ctr(&self) -> Command {
+        self.ctr_in(NAMESPACE)
+    }
+
+    /// `ctr` in containerd namespace `namespace` (CRI's is `k8s.io`).
+    pub(crate) fn ctr_in(&self, namespace: &str) -> Command {
         let mut c = Command::new("ctr");
         c.arg("--address")
             .arg(self.socket())
-            .args(["--namespace", NAMESPACE]);
+            .args(["--namespace", namespace]);
         c
     }
 
@@ -145,7 +158,7 @@ impl Instance {
     }
 }
 
-fn ensure_daemon(instance: &Instance) {
+pub(crate) fn ensure_daemon(instance: &Instance) {
     std::fs::create_dir_all(instance.dir()).expect("create containerd dir");
     let _lock = daemon::lock(&Path::new(RUN_DIR).join(format!("{}.lock", instance.name)));
     let config_path = Path::new(RUN_DIR).join(format!("{}.toml", instance.name));
@@ -350,7 +363,7 @@ impl Containerd {
         const IMAGE: &str = "local/busybox:latest";
         static IMPORTED: OnceLock<()> = OnceLock::new();
         IMPORTED.get_or_init(|| {
-            let archive = oci_archive(&rootfs::tarball());
+            let archive = oci_archive(&rootfs::tarball(), "busybox-oci", &["sh"]);
             cmd::run(
                 self.instance
                     .ctr()
@@ -369,9 +382,10 @@ impl Containerd {
 }
 
 /// Writes an OCI image archive (a tar of an image layout) whose one layer
-/// is `layer` and returns its path.
-fn oci_archive(layer: &Path) -> PathBuf {
-    let dir = Path::new(DATA_DIR).join("busybox-oci");
+/// is `layer` and whose command is `cmd`, under the name `name`, and
+/// returns its path.
+pub(crate) fn oci_archive(layer: &Path, name: &str, cmd: &[&str]) -> PathBuf {
+    let dir = Path::new(DATA_DIR).join(name);
     let _ = std::fs::remove_dir_all(&dir);
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).expect("create the image layout");
@@ -389,7 +403,7 @@ fn oci_archive(layer: &Path) -> PathBuf {
     let config = serde_json::json!({
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["sh"]},
+        "config": {"Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": cmd},
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
     });
     let (config_digest, config_size) = add(config.to_string().as_bytes());
@@ -411,7 +425,7 @@ fn oci_archive(layer: &Path) -> PathBuf {
     std::fs::write(dir.join("index.json"), index.to_string()).expect("write index.json");
     std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)
         .expect("write oci-layout");
-    let archive = Path::new(DATA_DIR).join("busybox-oci.tar");
+    let archive = Path::new(DATA_DIR).join(format!("{name}.tar"));
     cmd::run(
         Command::new("tar")
             .arg("cf")

@@ -36,6 +36,7 @@ pub mod bundle;
 pub mod cgroup;
 pub mod cmd;
 pub mod containerd;
+pub mod cri;
 pub mod daemon;
 pub mod docker;
 pub mod guest;
