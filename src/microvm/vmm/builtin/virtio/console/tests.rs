@@ -715,3 +715,52 @@ fn activation_wants_multiport_and_six_queues_and_a_reset_stops_all() {
     s.console.process_socket().unwrap();
     assert_eq!(s.d.used(PORT1_TX), vec![]);
 }
+
+#[test]
+fn the_event_loop_waits_for_a_full_socket_to_drain() {
+    let mem = memory(MEM).unwrap();
+    let mut s = setup(&mem);
+    s.handshake(8, 0, true);
+    let Setup {
+        console,
+        mut peer,
+        mut d,
+        ..
+    } = s;
+    // No receive buffers: the socket is watched for output only.
+    let console = Arc::new(Mutex::new(console));
+    let mut events: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
+        EventManager::new().unwrap();
+    events.add_subscriber(console.clone());
+    assert_eq!(console.lock().unwrap().registered, EventSet::empty());
+    let data = pattern(16 * 64 * 1024, 5);
+    for c in data.chunks(64 * 1024) {
+        d.send(PORT1_TX, &[c]);
+    }
+    console.lock().unwrap().queue_events()[PORT1_TX]
+        .write(1)
+        .unwrap();
+    assert_eq!(events.run_with_timeout(1000).unwrap(), 1);
+    assert_eq!(console.lock().unwrap().registered, EventSet::OUT);
+    assert!(d.used(PORT1_TX).len() < 16);
+    // Nobody reads: the loop has nothing to do.
+    assert_eq!(events.run_with_timeout(50).unwrap(), 0);
+    // The host reads; EPOLLOUT brings the device back each time.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    for _ in 0..10_000 {
+        if got.len() == data.len() {
+            break;
+        }
+        match peer.read(&mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+        events.run_with_timeout(10).unwrap();
+    }
+    assert!(got == data, "bytes lost or reordered");
+    d.used(PORT1_TX);
+    assert_eq!(d.qs[PORT1_TX].used_idx().unwrap(), 16);
+    assert_eq!(console.lock().unwrap().registered, EventSet::empty());
+}
