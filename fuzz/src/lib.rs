@@ -14,7 +14,9 @@
 //! - `virtio_chain`, `virtio_mmio`: the builtin VMM's descriptor-chain
 //!   validator with virtio-rng, and its virtio-mmio transport;
 //! - `virtio_console_control`: the builtin VMM's virtio-console control
-//!   messages.
+//!   messages;
+//! - `virtio_console_port`: the builtin VMM's virtio-console device, its
+//!   port data path and flow control against a host socket.
 //!
 //! `cargo test` runs each target for a bounded number of cases and replays
 //! `regressions/<target>/*`; the `agentvm-fuzz` binary (`make fuzz`) runs
@@ -96,6 +98,11 @@ mod tests {
     #[test]
     fn virtio_console_control_bounded() {
         bounded("virtio_console_control", 5000);
+    }
+
+    #[test]
+    fn virtio_console_port_bounded() {
+        bounded("virtio_console_port", 2000);
     }
 
     #[test]

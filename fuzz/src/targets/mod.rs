@@ -17,6 +17,7 @@ pub mod spec;
 pub mod values;
 pub mod virtio_chain;
 pub mod virtio_console_control;
+pub mod virtio_console_port;
 pub mod virtio_mmio;
 
 /// One fuzz target.
@@ -86,6 +87,12 @@ pub const TARGETS: &[Target] = &[
         about: "the builtin VMM's virtio-console control messages: what a guest driver writes on the control queue",
         generate: virtio_console_control::generate,
         run: virtio_console_control::run,
+    },
+    Target {
+        name: "virtio_console_port",
+        about: "the builtin VMM's virtio-console: port 1's data both ways, its control messages and flow control, against a host socket",
+        generate: virtio_console_port::generate,
+        run: virtio_console_port::run,
     },
     Target {
         name: "virtio_mmio",

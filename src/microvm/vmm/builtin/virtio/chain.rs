@@ -245,6 +245,25 @@ impl<M: GuestMemory> ChainReader<'_, M> {
         Ok(done)
     }
 
+    /// Moves past `n` bytes without reading them (a device that resumes a
+    /// chain it partly consumed); returns how many were skipped.
+    pub fn skip(&mut self, n: u32) -> u32 {
+        let mut done = 0;
+        while done < n {
+            let Some(seg) = self.segments.get(self.at) else {
+                break;
+            };
+            let step = (seg.len - self.offset).min(n - done);
+            done += step;
+            self.offset += step;
+            if self.offset == seg.len {
+                self.at += 1;
+                self.offset = 0;
+            }
+        }
+        done
+    }
+
     /// Copies a header (or any fixed-size request) out of guest memory,
     /// once; a chain too short for it is an error, not a partial header.
     pub fn read_obj<T: ByteValued + Default>(&mut self) -> Result<T, ChainError> {

@@ -44,6 +44,8 @@ pub enum ActivateError {
     BadQueue(usize),
     #[error("the device expects {expected} queues, the driver set up {got}")]
     QueueCount { expected: usize, got: usize },
+    #[error("the driver did not accept {0}, which the device needs")]
+    MissingFeature(&'static str),
     #[error("cannot set up the device's events: {0}")]
     Events(std::io::Error),
 }
