@@ -57,7 +57,16 @@ impl tier::Tier for Tier {
             )))
             }
         }
-        container.start().map_err(lc_error)?;
+        // poststart hooks are wrapped (see `hooks`): a failure's message
+        // is runc's.
+        let hook_errors = super::hooks::message_file(&ctx.root, id);
+        let _ = std::fs::remove_file(&hook_errors);
+        container
+            .start()
+            .map_err(|e| match super::hooks::take_message(&hook_errors) {
+                Some(msg) => ContainerError::Hook(msg),
+                None => lc_error(e),
+            })?;
         Ok(())
     }
 

@@ -560,8 +560,9 @@ fn destroy(ctx: &Context, id: &str) -> Result<()> {
                 .spec()
                 .map_err(|e| e.to_string())
                 .and_then(|spec| supervisor::run_hooks_public(&spec, s, &["poststop"]));
+            // As runc: `error running hook #N: ...` at level error.
             if let Err(e) = hooks {
-                tracing::warn!("container {id}: {e}");
+                tracing::error!("{e}");
             }
         }
     }
