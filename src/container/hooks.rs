@@ -92,7 +92,7 @@ pub fn run_one(hook: &Hook, state: &[u8]) -> Result<(), RunError> {
     let path_text = path.display().to_string();
     let mut child = cmd.spawn().map_err(|e| RunError::Spawn {
         path: path_text.clone(),
-        errno: go_errno(&e),
+        errno: go_errno(e),
     })?;
     // As Go's exec: the state is copied in while the hook runs, and a hook
     // that does not read it is no error.
@@ -128,7 +128,7 @@ pub fn run_one(hook: &Hook, state: &[u8]) -> Result<(), RunError> {
         .map(|t| (Instant::now() + Duration::from_secs(t.max(0) as u64), t));
     let wait_error = |e: std::io::Error| RunError::Wait {
         path: path_text.clone(),
-        errno: go_errno(&e),
+        errno: go_errno(e),
     };
     let status = loop {
         if let Some(status) = child.try_wait().map_err(wait_error)? {
@@ -224,7 +224,8 @@ fn go_signal_name(sig: i32) -> String {
 
 /// Go's `syscall.Errno` text: the C library's, lower-cased first letter
 /// (`no such file or directory`, `permission denied`).
-fn go_errno(e: &std::io::Error) -> String {
+pub(crate) fn go_errno(e: impl Into<std::io::Error>) -> String {
+    let e: std::io::Error = e.into();
     let text = match e.raw_os_error() {
         Some(n) => nix::errno::Errno::from_raw(n).desc().to_string(),
         None => e.to_string(),
@@ -454,6 +455,7 @@ mod tests {
         assert_eq!(go_signal_name(15), "terminated");
         assert_eq!(go_signal_name(64), "signal 64");
         let e = std::io::Error::from_raw_os_error(13);
-        assert_eq!(go_errno(&e), "permission denied");
+        assert_eq!(go_errno(e), "permission denied");
+        assert_eq!(go_errno(nix::errno::Errno::EINVAL), "invalid argument");
     }
 }

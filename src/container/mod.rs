@@ -86,6 +86,9 @@ pub enum ContainerError {
     /// A command that needs another status than the container's.
     #[error("{0}")]
     Status(String),
+    /// runc's words for a signal the kernel refuses (`kill ID 99`).
+    #[error("unable to signal init: {0}")]
+    SignalInit(String),
     #[error("cannot signal {target}: {errno}")]
     Signal {
         target: String,

@@ -100,7 +100,8 @@ impl tier::Tier for Tier {
             return Ok(());
         }
         if matches!(status, ContainerStatus::Stopped | ContainerStatus::Creating) {
-            return Err(status_error(format!("container {id} is not running")));
+            // runc's words, which containerd's shim matches (checkKillError).
+            return Err(status_error("container not running".into()));
         }
         let pid = container
             .pid()
@@ -108,11 +109,7 @@ impl tier::Tier for Tier {
         match crate::signal::send(pid, signal) {
             Ok(()) | Err(Errno::ESRCH) => {}
             Err(errno) => {
-                return Err(ContainerError::Signal {
-                    target: format!("container {id}"),
-                    errno,
-                }
-                .into())
+                return Err(ContainerError::SignalInit(super::hooks::go_errno(errno)).into())
             }
         }
         // A frozen task cannot act on SIGKILL: thaw so it dies (runc does too).

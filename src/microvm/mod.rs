@@ -341,7 +341,14 @@ pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
     let s = load(ctx, id)?;
     let status = s.effective_status();
     if matches!(status, Status::Stopped | Status::Creating) {
-        return Err(refused(format!("container {id} is not running")));
+        // runc's words, which containerd's shim matches (checkKillError).
+        return Err(refused("container not running".to_string()));
+    }
+    // As runc, whose kill(2) refuses a number past the last signal.
+    if !(0..=libc::SIGRTMAX()).contains(&signal) {
+        return Err(refused(
+            "unable to signal init: invalid argument".to_string(),
+        ));
     }
     let pid = s
         .supervisor_pid
