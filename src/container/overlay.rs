@@ -74,12 +74,13 @@ impl Overlay {
         let source = cstr(scratch)?;
         let target = cstr(&real.join("config.json"))?;
         let (rd, wr) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(OverlayError::Helper)?;
+        let parent = nix::unistd::getpid().as_raw();
         // SAFETY: the child only makes raw system calls (prctl, unshare,
         // mount, write, pause, _exit) on data prepared before the fork,
         // all async-signal-safe, so another thread's state (a held lock)
         // cannot bite it.
         match unsafe { fork() }.map_err(OverlayError::Helper)? {
-            ForkResult::Child => helper(&source, &target, wr),
+            ForkResult::Child => helper(&source, &target, wr, parent),
             ForkResult::Parent { child } => {
                 drop(wr);
                 let mut answer = [0u8; 4];
@@ -124,7 +125,7 @@ impl Drop for Overlay {
 }
 
 /// The helper's side: report 0, or (step << 16 | errno), then wait to die.
-fn helper(source: &CString, target: &CString, wr: OwnedFd) -> ! {
+fn helper(source: &CString, target: &CString, wr: OwnedFd, parent: i32) -> ! {
     let fail = |step: i32| -> ! {
         let code = (step << 16) | (nix::errno::Errno::last_raw() & 0xffff);
         report(&wr, code);
@@ -136,6 +137,10 @@ fn helper(source: &CString, target: &CString, wr: OwnedFd) -> ! {
     unsafe {
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
             fail(1);
+        }
+        // The parent died before the death signal was armed.
+        if libc::getppid() != parent {
+            libc::_exit(1);
         }
         if libc::unshare(libc::CLONE_NEWNS) != 0 {
             fail(2);
