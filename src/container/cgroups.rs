@@ -20,6 +20,11 @@
 //!   does (it still creates the container); one that is frozen fails
 //!   `create` with runc's error instead of leaving its init frozen (and the
 //!   command hanging).
+//! - Without `linux.cgroupsPath` runc 1.1 (cgroupfs driver) names the
+//!   cgroup after the container, below its caller's own cgroup: on v1 in
+//!   each hierarchy below the caller's cgroup of that hierarchy, on v2
+//!   below the parent of the caller's. libcontainer names it `:youki:ID`
+//!   at the top; `create` hands it runc's path instead ([`default_path`]).
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -140,6 +145,40 @@ fn memberships(text: &str) -> Vec<Membership> {
             })
         })
         .collect()
+}
+
+/// runc's cgroup for container `id` when the spec names none (cgroupfs
+/// driver): see [`default_path_in`], from our own `/proc/self/cgroup`.
+pub fn default_path(id: &str) -> PathBuf {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    default_path_in(&own, id)
+}
+
+/// runc's default path given the caller's `/proc/self/cgroup`: `id` below
+/// the caller's cgroup of the v1 hierarchies (libcgroups takes one path
+/// for all of them, so when the caller's differ between hierarchies,
+/// which runc follows one by one, `/ID`), or on a v2-only host below the
+/// parent of the caller's (runc's fs2: the caller's own holds processes).
+pub fn default_path_in(own: &str, id: &str) -> PathBuf {
+    let all = memberships(own);
+    let v1: Vec<&Membership> = all
+        .iter()
+        .filter(|m| {
+            !m.controllers.is_empty() && !m.controllers.iter().any(|c| c.starts_with("name="))
+        })
+        .collect();
+    let base = match v1.first() {
+        Some(first) if v1.iter().all(|m| m.path == first.path) => PathBuf::from(&first.path),
+        Some(_) => PathBuf::from("/"),
+        None => all
+            .iter()
+            .find(|m| m.controllers.is_empty())
+            .and_then(|m| Path::new(&m.path).parent().map(Path::to_path_buf))
+            .unwrap_or_else(|| PathBuf::from("/")),
+    };
+    Path::new("/")
+        .join(base.strip_prefix("/").unwrap_or(&base))
+        .join(id)
 }
 
 /// `base` joined with `sub` as a cgroup path (a leading `/` of `sub` does
@@ -374,6 +413,21 @@ fn rmdir_retrying(dir: &Path, wait: Duration) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn runc_default_path() {
+        use super::default_path_in;
+        use std::path::Path;
+        let root = "3:cpu,cpuacct:/\n2:memory:/\n1:name=systemd:/x\n0::/\n";
+        assert_eq!(default_path_in(root, "c"), Path::new("/c"));
+        let nested = "3:cpu,cpuacct:/a/b\n2:memory:/a/b\n1:name=systemd:/\n0::/\n";
+        assert_eq!(default_path_in(nested, "c"), Path::new("/a/b/c"));
+        let mixed = "3:cpu:/\n2:memory:/m/n\n0::/\n";
+        assert_eq!(default_path_in(mixed, "c"), Path::new("/c"));
+        let v2 = "0::/user.slice/session-1.scope\n";
+        assert_eq!(default_path_in(v2, "c"), Path::new("/user.slice/c"));
+        assert_eq!(default_path_in("0::/\n", "c"), Path::new("/c"));
+    }
+
     use super::*;
 
     fn args(v: &[&str]) -> Vec<String> {

@@ -9,7 +9,7 @@ use libcontainer::syscall::syscall::SyscallType;
 
 use super::idmap::MapHelpers;
 use super::workload::Workload;
-use super::{cgroups, console, cwd, fixup, lc_error, lsm, ContainerError};
+use super::{cgroups, console, cwd, fixup, hooks, lc_error, lsm, overlay, ContainerError};
 use crate::bundle::Bundle;
 use crate::config::Isolation;
 use crate::context::Context;
@@ -52,16 +52,56 @@ pub fn create(
         path: bundle.path.clone(),
         source,
     })?;
+    // What libcontainer is handed instead of the bundle's config: hooks
+    // that fail in runc's words, and runc's cgroup without cgroupsPath.
+    let hook_errors = hooks::message_file(&ctx.root, id);
+    let _ = std::fs::remove_file(&hook_errors);
+    let mut spec = bundle.spec.clone();
+    let exe = std::env::current_exe().map_err(|e| {
+        ContainerError::Libcontainer(format!("cannot find this program's path: {e}"))
+    })?;
+    hooks::wrap(&mut spec, &exe, &hook_errors);
     if !ctx.systemd_cgroup {
-        let linux = bundle.spec.linux().as_ref();
-        let path = linux.and_then(|l| l.cgroups_path().clone());
-        let path = libcontainer::utils::get_cgroup_path(&path, id);
+        let given = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone());
+        let path = match given {
+            Some(p) => p,
+            None => {
+                let p = cgroups::default_path(id);
+                if let Some(linux) = spec.linux_mut() {
+                    linux.set_cgroups_path(Some(p.clone()));
+                }
+                p
+            }
+        };
         cgroups::refuse_frozen(&path)?;
         cgroups::warn_if_populated(&path);
     }
     let result = {
         let _helpers = MapHelpers::install(&bundle.spec, &ctx.root)?;
-        build(ctx, id, bundle, opts)
+        let overlay = if spec == bundle.spec {
+            None
+        } else {
+            let json = serde_json::to_vec(&spec).map_err(|e| {
+                ContainerError::Libcontainer(format!("cannot encode the config: {e}"))
+            })?;
+            let scratch = ctx.root.join(format!(".{id}.config.json"));
+            // Without one (no CAP_SYS_ADMIN) libcontainer reads the bundle's
+            // config: its own hook messages and cgroup name.
+            match overlay::Overlay::install(&bundle.path, &json, &scratch) {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    tracing::warn!("container {id}: {e}; libcontainer reads the bundle's config");
+                    None
+                }
+            }
+        };
+        let through = overlay.as_ref().map(|o| o.bundle());
+        let built = build(ctx, id, bundle, through, opts);
+        drop(overlay);
+        built.map_err(|e| match hooks::take_message(&hook_errors) {
+            Some(msg) => ContainerError::Hook(msg),
+            None => e,
+        })
     };
     match result {
         Ok(container) => {
@@ -98,10 +138,13 @@ pub fn create(
     }
 }
 
+/// `through`: the bundle path to give libcontainer when it is to read a
+/// config of ours (see `overlay`).
 fn build(
     ctx: &Context,
     id: &str,
     bundle: &Bundle,
+    through: Option<&std::path::Path>,
     opts: CreateOptions,
 ) -> Result<Container, ContainerError> {
     let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::default())
@@ -124,7 +167,7 @@ fn build(
     builder
         .validate_id()
         .map_err(lc_error)?
-        .as_init(&bundle.path)
+        .as_init(through.unwrap_or(&bundle.path))
         .with_systemd(ctx.systemd_cgroup)
         .with_detach(opts.detached)
         .with_no_pivot(opts.no_pivot)

@@ -6,7 +6,7 @@ use libcgroups::common::{AnyCgroupManager, CgroupManager, FreezerState};
 use libcontainer::container::{Container, ContainerStatus};
 use nix::sys::signal::{kill, Signal};
 
-use super::{cgroup_manager, lc_error, pids, status_str, ContainerError};
+use super::{cgroup_manager, pids, status_str, ContainerError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeleteError {
@@ -58,16 +58,25 @@ pub fn delete(container: &mut Container, force: bool) -> Result<(), ContainerErr
     }
     // The runtime spec says a failing poststop hook is logged and delete
     // goes on.
-    if let Some(hooks) = config.as_ref().and_then(|c| c.hooks.as_ref()) {
-        if let Err(e) = libcontainer::hooks::run_hooks(
-            hooks.poststop().as_ref(),
-            Some(&container.state),
-            None,
-            None,
-            None,
-        ) {
-            tracing::warn!("poststop hook of container {id} failed: {}", lc_error(e));
+    // As runc, in its words: `error running hook #1: error running hook:
+    // exit status 4, stdout: ..., stderr: ...` at level error.
+    if let Some(list) = config
+        .as_ref()
+        .and_then(|c| c.hooks.as_ref())
+        .and_then(|h| h.poststop().as_ref())
+    {
+        match oci_state_json(container) {
+            Ok(state) => {
+                if let Err(e) = super::hooks::run(list, &state) {
+                    tracing::error!("{e}");
+                }
+            }
+            Err(e) => tracing::error!("cannot run the poststop hooks of container {id}: {e}"),
         }
+    }
+    // A message a wrapped hook left and nobody took (see `hooks`).
+    if let Some(root) = container.root.parent() {
+        let _ = std::fs::remove_file(super::hooks::message_file(root, &id));
     }
     if container.root.exists() {
         std::fs::remove_dir_all(&container.root).map_err(|e| {
@@ -78,6 +87,12 @@ pub fn delete(container: &mut Container, force: bool) -> Result<(), ContainerErr
         })?;
     }
     Ok(())
+}
+
+/// The OCI state hooks get on stdin.
+fn oci_state_json(container: &Container) -> Result<Vec<u8>, String> {
+    let state = oci_spec::runtime::State::try_from(&container.state).map_err(|e| e.to_string())?;
+    serde_json::to_vec(&state).map_err(|e| e.to_string())
 }
 
 /// SIGKILLs every process of the container (thawing it first, since a

@@ -1,7 +1,7 @@
 //! `exec` in the container tier.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::{ContainerStatus, State};
@@ -12,6 +12,7 @@ use oci_spec::runtime::{LinuxSeccomp, Process, Spec};
 use super::cgroups::{self, JoinCgroups};
 use super::console::SizedExec;
 use super::notify;
+use super::overlay::Overlay;
 use super::workload::Workload;
 use super::{lc_error, lsm, ContainerError};
 use crate::context::Context;
@@ -73,8 +74,15 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
         })?;
         cgroups::open_sub_cgroups(init.as_raw(), &super::cgroup_path(&container)?, &paths)?
     };
-    let shadow = match container.status() {
-        ContainerStatus::Created => Some(Shadow::new(ctx, id)?),
+    // libcontainer's tenant builder takes the cgroup from the bundle's
+    // config, where a missing cgroupsPath means its own `:youki:ID`, not
+    // the cgroup `create` recorded (runc's, see `cgroups::default_path`):
+    // it then reads a config that names the recorded one (see `overlay`).
+    let overlay = recorded_cgroup_overlay(ctx, id, &container)?;
+    let through = overlay.as_ref().map(|o| o.bundle());
+    let shadow = match (container.status(), through) {
+        (ContainerStatus::Created, _) => Some(Shadow::new(ctx, id, true, through)?),
+        (_, Some(_)) => Some(Shadow::new(ctx, id, false, through)?),
         _ => None,
     };
     let root = shadow
@@ -133,7 +141,14 @@ struct Shadow {
 }
 
 impl Shadow {
-    fn new(ctx: &Context, id: &str) -> Result<Shadow, ContainerError> {
+    /// `running`: the copy says running; `bundle`: the bundle path the
+    /// copy gives (where the tenant reads the config).
+    fn new(
+        ctx: &Context,
+        id: &str,
+        running: bool,
+        bundle: Option<&Path>,
+    ) -> Result<Shadow, ContainerError> {
         let real = ctx.container_dir(id);
         let shadow = Shadow {
             root: real.join(format!(".exec-root-{}", std::process::id())),
@@ -144,7 +159,12 @@ impl Shadow {
             source,
         })?;
         let mut state = State::load(&real).map_err(lc_error)?;
-        state.status = ContainerStatus::Running;
+        if running {
+            state.status = ContainerStatus::Running;
+        }
+        if let Some(b) = bundle {
+            state.bundle = b.to_path_buf();
+        }
         state.save(&dir).map_err(lc_error)?;
         let config = real.join(YOUKI_CONFIG);
         std::fs::copy(&config, dir.join(YOUKI_CONFIG)).map_err(|source| ContainerError::Write {
@@ -159,6 +179,42 @@ impl Drop for Shadow {
     fn drop(&mut self) {
         if let Err(e) = std::fs::remove_dir_all(&self.root) {
             tracing::warn!("cannot remove {}: {e}", self.root.display());
+        }
+    }
+}
+
+/// An overlay of the bundle's config naming the cgroup `create` recorded,
+/// when the config names none and the recorded one is not libcontainer's
+/// default (the tenant builder would put the process there).
+fn recorded_cgroup_overlay(
+    ctx: &Context,
+    id: &str,
+    container: &libcontainer::container::Container,
+) -> Result<Option<Overlay>, ContainerError> {
+    if container.systemd() {
+        return Ok(None);
+    }
+    let recorded = super::cgroup_path(container)?;
+    let config = container.bundle().join("config.json");
+    let mut spec = Spec::load(&config).map_err(lc_error)?;
+    let Some(linux) = spec.linux_mut() else {
+        return Ok(None);
+    };
+    if linux.cgroups_path().is_some() || recorded == libcontainer::utils::get_cgroup_path(&None, id)
+    {
+        return Ok(None);
+    }
+    linux.set_cgroups_path(Some(recorded));
+    let json = serde_json::to_vec(&spec)
+        .map_err(|e| ContainerError::Libcontainer(format!("cannot encode the config: {e}")))?;
+    let scratch = ctx
+        .root
+        .join(format!(".{id}.exec-config-{}.json", std::process::id()));
+    match Overlay::install(container.bundle(), &json, &scratch) {
+        Ok(o) => Ok(Some(o)),
+        Err(e) => {
+            tracing::warn!("container {id}: {e}; the process goes into libcontainer's cgroup");
+            Ok(None)
         }
     }
 }

@@ -9,7 +9,9 @@
 //! and what libcontainer 0.7 leaves out: mount flags and propagation
 //! (`fixup`), `consoleSize` (`console`), a missing cwd (`cwd`), refusing
 //! SELinux labels it cannot apply (`lsm`), multi-range id maps (`idmap`),
-//! cgroup settings and `exec --cgroup` as runc applies them (`cgroups`).
+//! cgroup settings, runc's default cgroup and `exec --cgroup` as runc
+//! applies them (`cgroups`), hooks that fail in runc's words (`hooks`),
+//! through a config of ours that libcontainer reads (`overlay`).
 
 use std::path::{Path, PathBuf};
 
@@ -30,9 +32,11 @@ pub mod egress;
 pub mod exec;
 pub mod fixup;
 pub mod foreground;
+pub mod hooks;
 pub mod idmap;
 pub mod lsm;
 pub mod notify;
+pub mod overlay;
 mod runtime;
 pub(crate) mod sys;
 pub mod tty;
@@ -74,9 +78,17 @@ pub enum ContainerError {
     Delete(#[from] delete::DeleteError),
     #[error(transparent)]
     Egress(#[from] egress::EgressError),
+    #[error(transparent)]
+    Overlay(#[from] overlay::OverlayError),
+    /// A hook failed; runc's message (see `hooks`).
+    #[error("{0}")]
+    Hook(String),
     /// A command that needs another status than the container's.
     #[error("{0}")]
     Status(String),
+    /// runc's words for a signal the kernel refuses (`kill ID 99`).
+    #[error("unable to signal init: {0}")]
+    SignalInit(String),
     #[error("cannot signal {target}: {errno}")]
     Signal {
         target: String,

@@ -57,7 +57,16 @@ impl tier::Tier for Tier {
             )))
             }
         }
-        container.start().map_err(lc_error)?;
+        // poststart hooks are wrapped (see `hooks`): a failure's message
+        // is runc's.
+        let hook_errors = super::hooks::message_file(&ctx.root, id);
+        let _ = std::fs::remove_file(&hook_errors);
+        container
+            .start()
+            .map_err(|e| match super::hooks::take_message(&hook_errors) {
+                Some(msg) => ContainerError::Hook(msg),
+                None => lc_error(e),
+            })?;
         Ok(())
     }
 
@@ -91,7 +100,8 @@ impl tier::Tier for Tier {
             return Ok(());
         }
         if matches!(status, ContainerStatus::Stopped | ContainerStatus::Creating) {
-            return Err(status_error(format!("container {id} is not running")));
+            // runc's words, which containerd's shim matches (checkKillError).
+            return Err(status_error("container not running".into()));
         }
         let pid = container
             .pid()
@@ -99,11 +109,7 @@ impl tier::Tier for Tier {
         match crate::signal::send(pid, signal) {
             Ok(()) | Err(Errno::ESRCH) => {}
             Err(errno) => {
-                return Err(ContainerError::Signal {
-                    target: format!("container {id}"),
-                    errno,
-                }
-                .into())
+                return Err(ContainerError::SignalInit(super::hooks::go_errno(errno)).into())
             }
         }
         // A frozen task cannot act on SIGKILL: thaw so it dies (runc does too).

@@ -341,7 +341,14 @@ pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
     let s = load(ctx, id)?;
     let status = s.effective_status();
     if matches!(status, Status::Stopped | Status::Creating) {
-        return Err(refused(format!("container {id} is not running")));
+        // runc's words, which containerd's shim matches (checkKillError).
+        return Err(refused("container not running".to_string()));
+    }
+    // As runc, whose kill(2) refuses a number past the last signal.
+    if !(0..=libc::SIGRTMAX()).contains(&signal) {
+        return Err(refused(
+            "unable to signal init: invalid argument".to_string(),
+        ));
     }
     let pid = s
         .supervisor_pid
@@ -560,8 +567,9 @@ fn destroy(ctx: &Context, id: &str) -> Result<()> {
                 .spec()
                 .map_err(|e| e.to_string())
                 .and_then(|spec| supervisor::run_hooks_public(&spec, s, &["poststop"]));
+            // As runc: `error running hook #N: ...` at level error.
             if let Err(e) = hooks {
-                tracing::warn!("container {id}: {e}");
+                tracing::error!("{e}");
             }
         }
     }

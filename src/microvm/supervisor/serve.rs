@@ -87,6 +87,8 @@ pub fn run_hooks(spec: &Spec, state: &VmState, kinds: &[&str]) -> Result<(), Str
         state.bundle.clone(),
     );
     lc_state.annotations = Some(state.annotations.clone());
+    let oci_state = oci_spec::runtime::State::try_from(&lc_state).map_err(|e| e.to_string())?;
+    let state_json = serde_json::to_vec(&oci_state).map_err(|e| e.to_string())?;
     for kind in kinds {
         let list = match *kind {
             "prestart" => hooks.prestart(),
@@ -96,8 +98,11 @@ pub fn run_hooks(spec: &Spec, state: &VmState, kinds: &[&str]) -> Result<(), Str
             "poststop" => hooks.poststop(),
             _ => &None,
         };
-        libcontainer::hooks::run_hooks(list.as_ref(), Some(&lc_state), None, None, None)
-            .map_err(|e| format!("{kind} hook failed: {}", crate::container::lc_error(e)))?;
+        // runc's words: `error running hook #1: error running hook: exit
+        // status 3, stdout: ..., stderr: ...`.
+        if let Some(list) = list {
+            crate::container::hooks::run(list, &state_json).map_err(|e| e.to_string())?;
+        }
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! linux.resources and cgroupsPath: seen from inside the container and from
 //! the host, and changed with `update`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use oci_validation::expect::{Check, Expectations};
@@ -19,6 +19,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("cgroups-exec", exec_cgroup),
     ("cgroups-delete-children", delete_children),
     ("cgroups-preexisting", preexisting),
+    ("cgroups-default-path", default_path),
 ];
 
 /// One cgroup interface file: v1 controller, v1 file and value, v2 file and
@@ -823,5 +824,74 @@ fn preexisting(ctx: &mut Ctx) -> Result<()> {
     );
     ctx.rt.quiet(&["delete", "--force", &id]);
     remove_everywhere(&cg);
+    Ok(())
+}
+
+/// The cgroup runc 1.1 gives a container whose spec has no cgroupsPath
+/// (cgroupfs driver): named after the container, below the caller's own
+/// cgroup of each v1 hierarchy (on a v2-only host, below the parent of the
+/// caller's); `delete` removes it. Only the controller hierarchies are
+/// compared: runc also joins `name=systemd` and, on a hybrid host, the
+/// unified one, which libcontainer leaves alone (see README).
+fn default_path(ctx: &mut Ctx) -> Result<()> {
+    let mut b = ctx.bundle()?;
+    b.remove("/linux", "cgroupsPath");
+    let (id, pid) = ctx.start_sleeper(&mut b)?;
+    let own = memberships(std::process::id() as i32)?;
+    let v1: Vec<&(String, String)> = own
+        .iter()
+        .filter(|(c, _)| !c.is_empty() && !c.starts_with("name="))
+        .collect();
+    let wanted: Vec<(String, String)> = if v1.is_empty() {
+        own.iter()
+            .filter(|(c, _)| c.is_empty())
+            .map(|(c, p)| {
+                let parent = Path::new(p).parent().unwrap_or(Path::new("/"));
+                (c.clone(), parent.join(&id).to_string_lossy().into_owned())
+            })
+            .collect()
+    } else {
+        v1.iter()
+            .map(|(c, p)| {
+                (
+                    c.clone(),
+                    Path::new(p).join(&id).to_string_lossy().into_owned(),
+                )
+            })
+            .collect()
+    };
+    // runc places the container below the caller's cgroup hierarchy by
+    // hierarchy; libcgroups takes one path for all, so a caller whose own
+    // cgroups differ between hierarchies is checked under its own name.
+    let uniform = v1.windows(2).all(|w| w[0].1 == w[1].1);
+    let prefix = if uniform {
+        "no cgroupsPath"
+    } else {
+        "no cgroupsPath, the caller's cgroups differ by hierarchy"
+    };
+    let got = memberships(pid)?;
+    for (ctrls, want) in &wanted {
+        let name = if ctrls.is_empty() {
+            "unified"
+        } else {
+            ctrls.as_str()
+        };
+        let have = got.iter().find(|(c, _)| c == ctrls).map(|(_, p)| p.clone());
+        ctx.check(
+            format!("{prefix}: {name} cgroup is the caller's/ID"),
+            have.as_deref() == Some(want.as_str()),
+            || format!("init's {have:?}, want {want:?}"),
+        );
+    }
+    let res = ctx.rt.run(&["delete", "--force", &id])?;
+    ctx.check_ok("delete --force succeeds", &res);
+    let left: Vec<PathBuf> = wanted
+        .iter()
+        .filter_map(|(c, p)| hierarchy_dir(c, p))
+        .filter(|d| d.exists())
+        .collect();
+    ctx.check("delete removes the default cgroup", left.is_empty(), || {
+        format!("left: {left:?}")
+    });
     Ok(())
 }

@@ -363,6 +363,14 @@ fn kill_signals(ctx: &mut Ctx) -> Result<()> {
             || out.describe(),
         );
     }
+    // runc's words for a number the kernel refuses (Go's errno text).
+    let out = ctx.rt.run(&["--log-format", "json", "kill", &id, "99"])?;
+    let msg = json_msg(&out.stderr);
+    ctx.check(
+        "kill 99: \"unable to signal init: invalid argument\"",
+        msg.as_deref() == Some("unable to signal init: invalid argument"),
+        || format!("message {msg:?}; {}", out.describe()),
+    );
     let st = ctx.state(&id);
     ctx.check(
         "refused signals change nothing",
@@ -387,7 +395,25 @@ fn kill_signals(ctx: &mut Ctx) -> Result<()> {
         out.code == Some(1),
         || out.describe(),
     );
+    // containerd's runc shim matches these words (checkKillError) to take
+    // the kill of a stopped container for "already finished".
+    let out = ctx.rt.run(&["--log-format", "json", "kill", &id, "TERM"])?;
+    let msg = json_msg(&out.stderr);
+    ctx.check(
+        "kill of a stopped container: \"container not running\"",
+        out.code == Some(1) && msg.as_deref() == Some("container not running"),
+        || format!("message {msg:?}; {}", out.describe()),
+    );
     Ok(())
+}
+
+/// The `msg` of the last JSON line of `stderr` (`--log-format json`).
+fn json_msg(stderr: &str) -> Option<String> {
+    stderr
+        .lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|v| v["msg"].as_str().map(str::to_string))
 }
 
 fn exec_states(ctx: &mut Ctx) -> Result<()> {

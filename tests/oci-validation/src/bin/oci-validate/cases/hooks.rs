@@ -239,45 +239,151 @@ fn cwd(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// A failing hook's error gives its exit status in runc's words.
+/// A failing hook's error in runc 1.1's words: the hook's index in its
+/// list, Go's words for how it ended, and its stdout and stderr. The
+/// message is taken from `--log-format json` (the last JSON line's `msg`
+/// on stderr), where both write it unquoted; each runtime puts its own
+/// words before it (`runc create failed: unable to start container
+/// process: ...`), so the check is on how it ends.
 fn error(ctx: &mut Ctx) -> Result<()> {
+    const FAILING: &str = "echo out; echo err >&2; exit 3";
+    const SAID: &str = "error running hook #1: error running hook: exit status 3, \
+                        stdout: out\n, stderr: err\n";
+    for kind in ["prestart", "createRuntime", "createContainer"] {
+        let msg = create_error(
+            ctx,
+            kind,
+            &[
+                json!({"path": "/bin/true"}),
+                json!({"path": "/bin/sh", "args": ["sh", "-c", FAILING]}),
+            ],
+        )?;
+        ctx.check(
+            format!("failing {kind} hook: runc's message (index, status, stdout, stderr)"),
+            msg.as_deref().is_some_and(|m| m.ends_with(SAID)),
+            || format!("message {msg:?}, want it to end with {SAID:?}"),
+        );
+    }
+    for (what, hook, said) in [
+        (
+            "timed-out",
+            json!({"path": "/bin/sh", "args": ["sh", "-c", "echo out; exec sleep 20"], "timeout": 1}),
+            "error running hook #0: hook ran past specified timeout of 1.0s",
+        ),
+        (
+            "missing",
+            json!({"path": "/nonexistent/oci-hook"}),
+            "error running hook #0: fork/exec /nonexistent/oci-hook: no such file or directory",
+        ),
+        (
+            "killed",
+            json!({"path": "/bin/sh", "args": ["sh", "-c", "echo out; kill -9 $$"]}),
+            "error running hook #0: error running hook: signal: killed, stdout: out\n, stderr: ",
+        ),
+    ] {
+        let msg = create_error(ctx, "prestart", &[hook])?;
+        ctx.check(
+            format!("{what} prestart hook: runc's message"),
+            msg.as_deref().is_some_and(|m| m.ends_with(said)),
+            || format!("message {msg:?}, want it to end with {said:?}"),
+        );
+    }
+    // runc 1.1 runs poststart hooks at create, agentvm at start: the
+    // message is taken from whichever fails.
     let mut b = ctx.bundle()?;
-    b.push("/hooks/createRuntime", json!({"path": "/bin/true"}));
+    b.push("/hooks/poststart", json!({"path": "/bin/true"}));
+    b.push("/hooks/poststart", json!({"path": "/bin/true"}));
     b.push(
-        "/hooks/createRuntime",
-        json!({"path": "/bin/sh", "args": ["sh", "-c", "exit 3"]}),
+        "/hooks/poststart",
+        json!({"path": "/bin/sh", "args": ["sh", "-c", "echo out; echo err >&2; exit 5"]}),
     );
+    b.args(&["/bin/sleep", "600"]);
     b.write()?;
     let id = ctx.id();
-    let res = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
+    let mut res = ctx.rt.run(&[
+        "--log-format",
+        "json",
+        "create",
+        "--bundle",
+        &b.dir_str(),
+        &id,
+    ])?;
+    if res.success() {
+        res = ctx.rt.run(&["--log-format", "json", "start", &id])?;
+    }
+    let msg = (!res.success()).then(|| json_error(&res.stderr)).flatten();
+    let said =
+        "error running hook #2: error running hook: exit status 5, stdout: out\n, stderr: err\n";
     ctx.check(
-        "failing createRuntime hook: error running hook: exit status 3",
-        !res.success()
-            && res.stderr.contains("error running hook")
-            && res.stderr.contains("exit status 3"),
-        || res.describe(),
+        "failing poststart hook: runc's message",
+        msg.as_deref().is_some_and(|m| m.ends_with(said)),
+        || {
+            format!(
+                "message {msg:?}, want it to end with {said:?}; {}",
+                res.describe()
+            )
+        },
     );
+    // A failing poststop hook is logged at level error, alone.
     let (_, res) = delete_after_failing_poststop(ctx, 4)?;
+    let msg = json_error(&res.stderr);
+    let said =
+        "error running hook #1: error running hook: exit status 4, stdout: out\n, stderr: err\n";
     ctx.check(
-        "failing poststop hook: delete says exit status 4",
-        res.success()
-            && res.stderr.contains("error running hook")
-            && res.stderr.contains("exit status 4"),
-        || res.describe(),
+        "failing poststop hook: delete logs runc's message",
+        res.success() && msg.as_deref() == Some(said),
+        || format!("logged {msg:?}, want {said:?}; {}", res.describe()),
     );
     Ok(())
 }
 
-/// Runs `/bin/true` with a poststop hook that exits with `status`, and
-/// deletes the stopped container: the id and what `delete` gave.
+/// `create` of a bundle with `hooks` as its `kind` hooks (and `/bin/true`
+/// as the workload): the error message when it fails, else None.
+fn create_error(ctx: &mut Ctx, kind: &str, hooks: &[Value]) -> Result<Option<String>> {
+    let mut b = ctx.bundle()?;
+    for h in hooks {
+        b.push(&format!("/hooks/{kind}"), h.clone());
+    }
+    b.args(&["/bin/true"]);
+    b.write()?;
+    let id = ctx.id();
+    let res = ctx.rt.run(&[
+        "--log-format",
+        "json",
+        "create",
+        "--bundle",
+        &b.dir_str(),
+        &id,
+    ])?;
+    if res.success() {
+        return Ok(None);
+    }
+    Ok(json_error(&res.stderr))
+}
+
+/// The `msg` of the last JSON line at level error in `stderr`.
+fn json_error(stderr: &str) -> Option<String> {
+    stderr
+        .lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["level"] == "error")
+        .find_map(|v| v["msg"].as_str().map(str::to_string))
+}
+
+/// Runs `/bin/true` with two poststop hooks, the second printing `out` and
+/// `err` and exiting with `status`, and deletes the stopped container
+/// (`--log-format json`): the id and what `delete` gave.
 fn delete_after_failing_poststop(
     ctx: &mut Ctx,
     status: u8,
 ) -> Result<(String, super::super::runtime::Output)> {
     let mut b = ctx.bundle()?;
+    b.push("/hooks/poststop", json!({"path": "/bin/true"}));
     b.push(
         "/hooks/poststop",
-        json!({"path": "/bin/sh", "args": ["sh", "-c", format!("exit {status}")]}),
+        json!({"path": "/bin/sh",
+               "args": ["sh", "-c", format!("echo out; echo err >&2; exit {status}")]}),
     );
     b.args(&["/bin/true"]);
     b.write()?;
@@ -291,6 +397,6 @@ fn delete_after_failing_poststop(
     if st.is_err() {
         bail!("container did not stop: {st:?}");
     }
-    let res = ctx.rt.run(&["delete", &id])?;
+    let res = ctx.rt.run(&["--log-format", "json", "delete", &id])?;
     Ok((id, res))
 }
