@@ -66,7 +66,9 @@ fn agentvm_shims_for(ids: &[&str]) -> Vec<String> {
 fn remove_and_check(c: &Cri, handler: &str, pod: &Pod, containers: &[&str]) {
     c.remove_pod(pod)
         .unwrap_or_else(|e| panic!("{handler}: {e}"));
-    let listed = c.containers_of(pod).unwrap();
+    let listed = c
+        .containers_of(pod)
+        .unwrap_or_else(|e| panic!("{handler}: {e}"));
     assert!(listed.is_empty(), "{handler}: containers left: {listed:?}");
     let mut ids = vec![pod.id.as_str()];
     ids.extend_from_slice(containers);

@@ -238,8 +238,10 @@ fn start_supervisor(
     drop(cmd);
     let mut answer = String::new();
     let _ = sync_read.read_to_string(&mut answer);
-    let answer = answer.trim();
-    if answer != "ok" {
+    // "ok\n", or "error MESSAGE\n" with the message as it is (a hook's
+    // output in it keeps its newlines, as runc prints them).
+    let answer = answer.strip_suffix('\n').unwrap_or(&answer);
+    if answer.trim() != "ok" {
         let _ = child.kill();
         let _ = child.wait();
         let message = answer

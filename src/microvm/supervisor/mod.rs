@@ -144,7 +144,9 @@ pub fn run(args: Args) -> ! {
         Err(e) => {
             let msg = format!("{e}");
             tracing::error!("{msg}");
-            sync.send(&format!("error {}\n", msg.replace('\n', " ")));
+            // The whole pipe is the answer (create reads it to its end):
+            // the message keeps its newlines.
+            sync.send(&format!("error {msg}\n"));
             1
         }
     };
