@@ -426,18 +426,23 @@ fn a_machine_built_from_a_vm_config_runs_until_the_guest_resets_it() {
     let kernel = dir.path().join("vmlinux");
     std::fs::write(&kernel, elf_kernel(&serial_program().0)).unwrap();
     let console = dir.path().join("console");
+    let (control, _agent_side) = std::os::unix::net::UnixStream::pair().unwrap();
     let options = super::machine::Options {
         serial: Some(std::fs::File::create(&console).unwrap()),
         entropy: Some(Box::new(Pattern(0))),
+        control: Some(control),
     };
     // Two vCPUs: the second waits for a SIPI inside KVM and must be
     // kicked out when the first stops the VM.
     let m = super::machine::build(&vm_config(&kernel, 2), options).unwrap();
     assert_eq!(m.memfd.metadata().unwrap().len(), 32 << 20);
+    // virtio-rng in slot 0, the control port's virtio-console in slot 1.
     assert_eq!(
         m.cmdline,
-        "console=ttyS0 reboot=k virtio_mmio.device=4K@0xd0000000:5"
+        "console=ttyS0 reboot=k virtio_mmio.device=4K@0xd0000000:5 \
+         virtio_mmio.device=4K@0xd0001000:6"
     );
+    assert!(m.console.is_some());
     assert_eq!(m.vcpus.len(), 2);
     assert!(m.serial.is_some());
     let started = std::time::Instant::now();
@@ -457,9 +462,11 @@ fn the_serial_port_is_off_unless_asked_for() {
     let options = super::machine::Options {
         serial: None,
         entropy: Some(Box::new(Pattern(0))),
+        control: None,
     };
     let mut m = super::machine::build(&vm_config(&kernel, 1), options).unwrap();
     assert!(m.serial.is_none());
+    assert!(m.console.is_none());
     assert_eq!(m.vcpus[0].run().unwrap(), StopReason::Reset);
     // The three bytes went nowhere.
     assert_eq!(m.vm.pio.unhandled(), 3);

@@ -17,12 +17,16 @@ use super::vcpu::StopReason;
 use crate::microvm::initramfs::Cpio;
 use crate::microvm::vmm::choice::HostKvm;
 use crate::microvm::vmm::VmConfig;
+use crate::protocol::PORT_NAME;
 
 /// What the guest's `/init` prints before its checks, and after each.
 const MARK: &str = "agentvm-guest:";
 /// How long a boot may take inside the test host (TCG emulating the
 /// nested guest's kernel) before the test stops the VM and fails.
 const LIMIT: Duration = Duration::from_secs(60);
+/// What the guest writes to the control port, and what the host answers.
+const PING: &str = "ping-from-the-guest";
+const PONG: &str = "pong-from-the-host";
 
 /// Why Linux cannot be booted here, or the guest kernel and the static
 /// busybox its `/init` uses.
@@ -51,8 +55,9 @@ fn prerequisites(test: &str) -> Option<(PathBuf, PathBuf)> {
 
 /// An initramfs whose `/init` (busybox sh) mounts /proc, prints the
 /// kernel's release, its CPUs and virtio's interrupt line, reads 16 bytes
-/// from virtio-rng, sleeps on each CPU (a timer that works on each), and
-/// resets the VM.
+/// from virtio-rng, finds the control port by its sysfs name (as the agent
+/// does), writes [`PING`] to it and prints the line the host answers,
+/// sleeps on each CPU (a timer that works on each), and resets the VM.
 fn initramfs(busybox: &Path, dir: &Path) -> PathBuf {
     let init = format!(
         "#!/bin/busybox sh\n\
@@ -64,6 +69,15 @@ fn initramfs(busybox: &Path, dir: &Path) -> PathBuf {
          echo \"{MARK} virtio-irq $(/bin/busybox grep virtio /proc/interrupts)\"\n\
          echo \"{MARK} hwrng $(/bin/busybox cat /sys/class/misc/hw_random/rng_current)\"\n\
          echo \"{MARK} rng-bytes $(/bin/busybox head -c 16 /dev/hwrng | /bin/busybox wc -c)\"\n\
+         for p in /sys/class/virtio-ports/*; do\n\
+           [ \"$(/bin/busybox cat $p/name)\" = {PORT_NAME} ] && port=/dev/${{p##*/}}\n\
+         done\n\
+         echo \"{MARK} port $port\"\n\
+         exec 3<>$port\n\
+         echo {PING} >&3\n\
+         read -r reply <&3\n\
+         echo \"{MARK} reply $reply\"\n\
+         exec 3>&-\n\
          for cpu in 0 1; do\n\
            /bin/busybox taskset -c $cpu /bin/busybox sleep 0.2 && echo \"{MARK} timer on cpu $cpu\"\n\
          done\n\
@@ -145,12 +159,23 @@ fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
     let initramfs = initramfs(&busybox, dir.path());
     let console_path = dir.path().join("console");
     let console = std::fs::File::create(&console_path).unwrap();
+    // The host's end of the control port answers the guest's line.
+    let (control, host) = std::os::unix::net::UnixStream::pair().unwrap();
+    host.set_read_timeout(Some(LIMIT)).unwrap();
+    let answerer = std::thread::spawn(move || -> std::io::Result<String> {
+        use std::io::{BufRead, Write};
+        let mut line = String::new();
+        std::io::BufReader::new(&host).read_line(&mut line)?;
+        (&host).write_all(format!("{PONG}\n").as_bytes())?;
+        Ok(line)
+    });
     let started = Instant::now();
     let m = machine::build(
         &config(&kernel, &initramfs),
         Options {
             serial: Some(console),
             entropy: None,
+            control: Some(control),
         },
     )
     .unwrap();
@@ -237,6 +262,22 @@ fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
     assert!(
         text.contains(&format!("{MARK} rng-bytes 16")),
         "16 bytes from virtio-rng did not arrive"
+    );
+    // The control port, both ways: the guest found it by its name, the
+    // host read the guest's line and the guest read the host's.
+    let heard = answerer.join().unwrap();
+    assert_eq!(
+        heard.ok().as_deref(),
+        Some(format!("{PING}\n").as_str()),
+        "the host did not read the guest's line from the control port"
+    );
+    assert!(
+        text.contains(&format!("{MARK} port /dev/vport")),
+        "the guest did not find the port named {PORT_NAME}"
+    );
+    assert!(
+        text.contains(&format!("{MARK} reply {PONG}")),
+        "the guest did not read the host's line"
     );
     // Each vCPU's local APIC timer fires (without the TSC-deadline bit
     // in CPUID, the second one never did and its sleep never ended).

@@ -2,13 +2,14 @@
 //! `memory_mib`, the kernel and initramfs with the command line and the
 //! devices' `virtio_mmio.device=` entries, `vcpus` vCPUs and the MP table
 //! that tells the guest about them and the IO-APIC, the reset line,
-//! virtio-rng, and the serial port only when asked for. [`Machine::run`]
+//! virtio-rng, the agent's control port (virtio-console) when given its
+//! host socket, and the serial port only when asked for. [`Machine::run`]
 //! runs it until the guest stops it: one thread per vCPU and one for the
 //! devices' event loop; the first vCPU to stop stops the others, kicking
 //! them out of `KVM_RUN` with a signal.
 //!
-//! Not yet a [`crate::microvm::vmm::Backend`]: the guest's control
-//! channel, virtio-fs and the network are missing ([`super::MISSING`]).
+//! Not yet a [`crate::microvm::vmm::Backend`]: virtio-fs, the network and
+//! the supervisor's launch of it are missing ([`super::MISSING`]).
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +28,7 @@ use super::legacy::serial::{self, SerialPort};
 use super::memory::{self, MemoryError};
 use super::mptable::{self, MpTableError};
 use super::vcpu::{StopReason, Vcpu, VcpuError};
+use super::virtio::console::{Console, ConsoleError};
 use super::virtio::rng::{Rng, RngError, Urandom};
 use super::vm::{Vm, VmError};
 use crate::microvm::vmm::VmConfig;
@@ -41,6 +43,8 @@ pub enum MachineError {
     Boot(#[from] BootError),
     #[error(transparent)]
     Rng(#[from] RngError),
+    #[error("virtio-console: {0}")]
+    Console(#[from] ConsoleError),
     #[error(transparent)]
     MpTable(#[from] MpTableError),
     #[error("cannot open /dev/kvm: {0}")]
@@ -71,6 +75,10 @@ pub struct Options {
     pub serial: Option<File>,
     /// The entropy source of virtio-rng; `None` opens `/dev/urandom`.
     pub entropy: Option<Box<dyn super::virtio::rng::EntropySource>>,
+    /// The host's end of the agent's control port: a virtio-console whose
+    /// port 1 is [`crate::protocol::PORT_NAME`] in the guest. `None`
+    /// leaves the device out.
+    pub control: Option<std::os::unix::net::UnixStream>,
 }
 
 pub struct Machine {
@@ -79,6 +87,7 @@ pub struct Machine {
     pub memfd: File,
     pub vcpus: Vec<Vcpu>,
     pub rng: Arc<Mutex<Rng>>,
+    pub console: Option<Arc<Mutex<Console>>>,
     pub serial: Option<Arc<Mutex<SerialPort<File>>>>,
     /// The command line the kernel was given.
     pub cmdline: String,
@@ -119,7 +128,17 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
     };
     let rng = Arc::new(Mutex::new(Rng::new(entropy)?));
     let (entry, _) = vm.add_virtio(0, rng.clone())?;
-    let cmdline = format!("{} {entry}", config.cmdline.trim());
+    let mut cmdline = format!("{} {entry}", config.cmdline.trim());
+    let console = match options.control {
+        Some(stream) => {
+            let console = Arc::new(Mutex::new(Console::new(stream)?));
+            let (entry, _) = vm.add_virtio(1, console.clone())?;
+            cmdline.push(' ');
+            cmdline.push_str(&entry);
+            Some(console)
+        }
+        None => None,
+    };
     let initramfs = config.initramfs.as_deref();
     let start = boot::load(
         &vm.memory,
@@ -136,6 +155,7 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
         memfd: memory.memfd,
         vcpus,
         rng,
+        console,
         serial,
         cmdline,
     })
@@ -162,7 +182,13 @@ impl Machine {
     /// Runs the VM until the guest stops it (or a vCPU fails); returns why.
     pub fn run(self) -> Result<StopReason, MachineError> {
         install_kick()?;
-        let Machine { vm, vcpus, rng, .. } = self;
+        let Machine {
+            vm,
+            vcpus,
+            rng,
+            console,
+            ..
+        } = self;
         let devices_done = Arc::new(AtomicBool::new(false));
         let events = {
             let done = devices_done.clone();
@@ -175,6 +201,9 @@ impl Machine {
                             source: std::io::Error::other(format!("{e:?}")),
                         })?;
                     events.add_subscriber(rng);
+                    if let Some(console) = console {
+                        events.add_subscriber(console);
+                    }
                     while !done.load(Ordering::SeqCst) {
                         let _ = events.run_with_timeout(100);
                     }
