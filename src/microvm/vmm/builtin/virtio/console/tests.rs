@@ -244,6 +244,42 @@ impl Setup<'_> {
     }
 }
 
+/// A console in an event loop of its own, as the VMM runs it.
+struct Looped<'a> {
+    console: Arc<Mutex<Console>>,
+    events: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>,
+    peer: UnixStream,
+    d: Driver<'a>,
+}
+
+fn in_event_loop(s: Setup<'_>) -> Looped<'_> {
+    let Setup {
+        console, peer, d, ..
+    } = s;
+    let console = Arc::new(Mutex::new(console));
+    let mut events: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
+        EventManager::new().unwrap();
+    events.add_subscriber(console.clone());
+    Looped {
+        console,
+        events,
+        peer,
+        d,
+    }
+}
+
+impl Looped<'_> {
+    /// The queue's notification, as KVM's ioeventfd writes it.
+    fn notify(&self, queue: usize) {
+        self.console.lock().unwrap().queue_events()[queue]
+            .write(1)
+            .unwrap();
+    }
+
+    fn registered(&self) -> EventSet {
+        self.console.lock().unwrap().registered
+    }
+}
 #[test]
 fn the_handshake_goes_as_linuxs_driver_does_it() {
     let mem = memory(MEM).unwrap();
@@ -648,40 +684,27 @@ fn the_event_loop_serves_the_queues_and_the_socket() {
     let mem = memory(MEM).unwrap();
     let mut s = setup(&mem);
     s.handshake(8, 4, true);
-    let Setup {
-        console,
-        mut peer,
-        mut d,
-        ..
-    } = s;
-    let console = Arc::new(Mutex::new(console));
-    let mut events: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
-        EventManager::new().unwrap();
-    events.add_subscriber(console.clone());
-    assert_eq!(console.lock().unwrap().registered, EventSet::IN);
+    let mut l = in_event_loop(s);
+    assert_eq!(l.registered(), EventSet::IN);
     // Host to guest: the socket's input.
-    peer.write_all(b"ping").unwrap();
-    assert_eq!(events.run_with_timeout(1000).unwrap(), 1);
-    assert_eq!(d.received(PORT1_RX), vec![b"ping".to_vec()]);
-    // Guest to host: the queue's notification, as KVM's ioeventfd writes it.
-    d.send(PORT1_TX, &[b"pong"]);
-    console.lock().unwrap().queue_events()[PORT1_TX]
-        .write(1)
-        .unwrap();
-    assert_eq!(events.run_with_timeout(1000).unwrap(), 1);
+    l.peer.write_all(b"ping").unwrap();
+    assert_eq!(l.events.run_with_timeout(1000).unwrap(), 1);
+    assert_eq!(l.d.received(PORT1_RX), vec![b"ping".to_vec()]);
+    // Guest to host: the queue's notification.
+    l.d.send(PORT1_TX, &[b"pong"]);
+    l.notify(PORT1_TX);
+    assert_eq!(l.events.run_with_timeout(1000).unwrap(), 1);
     let mut buf = [0u8; 4];
-    peer.read_exact(&mut buf).unwrap();
+    l.peer.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"pong");
     // The guest closes the port: the socket is no longer watched, and
     // input waits in it.
-    d.send(CONTROL_TX, &[&ctl(1, event::PORT_OPEN, 0)]);
-    console.lock().unwrap().queue_events()[CONTROL_TX]
-        .write(1)
-        .unwrap();
-    assert_eq!(events.run_with_timeout(1000).unwrap(), 1);
-    assert_eq!(console.lock().unwrap().registered, EventSet::empty());
-    peer.write_all(b"waits").unwrap();
-    assert_eq!(events.run_with_timeout(50).unwrap(), 0);
+    l.d.send(CONTROL_TX, &[&ctl(1, event::PORT_OPEN, 0)]);
+    l.notify(CONTROL_TX);
+    assert_eq!(l.events.run_with_timeout(1000).unwrap(), 1);
+    assert_eq!(l.registered(), EventSet::empty());
+    l.peer.write_all(b"waits").unwrap();
+    assert_eq!(l.events.run_with_timeout(50).unwrap(), 0);
 }
 
 #[test]
@@ -721,30 +744,19 @@ fn the_event_loop_waits_for_a_full_socket_to_drain() {
     let mem = memory(MEM).unwrap();
     let mut s = setup(&mem);
     s.handshake(8, 0, true);
-    let Setup {
-        console,
-        mut peer,
-        mut d,
-        ..
-    } = s;
     // No receive buffers: the socket is watched for output only.
-    let console = Arc::new(Mutex::new(console));
-    let mut events: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
-        EventManager::new().unwrap();
-    events.add_subscriber(console.clone());
-    assert_eq!(console.lock().unwrap().registered, EventSet::empty());
+    let mut l = in_event_loop(s);
+    assert_eq!(l.registered(), EventSet::empty());
     let data = pattern(16 * 64 * 1024, 5);
     for c in data.chunks(64 * 1024) {
-        d.send(PORT1_TX, &[c]);
+        l.d.send(PORT1_TX, &[c]);
     }
-    console.lock().unwrap().queue_events()[PORT1_TX]
-        .write(1)
-        .unwrap();
-    assert_eq!(events.run_with_timeout(1000).unwrap(), 1);
-    assert_eq!(console.lock().unwrap().registered, EventSet::OUT);
-    assert!(d.used(PORT1_TX).len() < 16);
+    l.notify(PORT1_TX);
+    assert_eq!(l.events.run_with_timeout(1000).unwrap(), 1);
+    assert_eq!(l.registered(), EventSet::OUT);
+    assert!(l.d.used(PORT1_TX).len() < 16);
     // Nobody reads: the loop has nothing to do.
-    assert_eq!(events.run_with_timeout(50).unwrap(), 0);
+    assert_eq!(l.events.run_with_timeout(50).unwrap(), 0);
     // The host reads; EPOLLOUT brings the device back each time.
     let mut got = Vec::new();
     let mut buf = vec![0u8; 1 << 16];
@@ -752,15 +764,15 @@ fn the_event_loop_waits_for_a_full_socket_to_drain() {
         if got.len() == data.len() {
             break;
         }
-        match peer.read(&mut buf) {
+        match l.peer.read(&mut buf) {
             Ok(n) => got.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == ErrorKind::WouldBlock => {}
             Err(e) => panic!("{e}"),
         }
-        events.run_with_timeout(10).unwrap();
+        l.events.run_with_timeout(10).unwrap();
     }
     assert!(got == data, "bytes lost or reordered");
-    d.used(PORT1_TX);
-    assert_eq!(d.qs[PORT1_TX].used_idx().unwrap(), 16);
-    assert_eq!(console.lock().unwrap().registered, EventSet::empty());
+    l.d.used(PORT1_TX);
+    assert_eq!(l.d.qs[PORT1_TX].used_idx().unwrap(), 16);
+    assert_eq!(l.registered(), EventSet::empty());
 }
