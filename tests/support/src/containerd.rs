@@ -68,16 +68,9 @@ pub fn containerd_for_shim() -> Result<&'static Containerd, String> {
             if let Some(why) = host_unsuitable(&["containerd", "ctr"]) {
                 return Err(why);
             }
-            let shim = super::shim_bin();
-            assert!(
-                shim.is_file(),
-                "the shim under test {} is not built: cargo build -p agentvm-shim \
-                 (make integration-test builds it)",
-                shim.display()
-            );
             Ok(Containerd::started(Instance {
                 name: "containerd-shim",
-                path_first: shim.parent().map(Path::to_path_buf),
+                path_first: Some(super::built_shim_dir()),
                 cri: None,
             }))
         })

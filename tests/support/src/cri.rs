@@ -110,20 +110,14 @@ pub fn cri() -> Result<&'static Cri, String> {
                     .into(),
             );
         }
-        let shim = super::shim_bin();
-        assert!(
-            shim.is_file(),
-            "the shim under test {} is not built: cargo build -p agentvm-shim \
-             (make integration-test builds it)",
-            shim.display()
-        );
+        let shim_dir = super::built_shim_dir();
         let dir = Path::new(RUN_DIR).join("containerd-cri");
         std::fs::create_dir_all(dir.join("cni")).map_err(|e| e.to_string())?;
         std::fs::write(dir.join("cni/10-agentvm-cri.conflist"), cni_config())
             .map_err(|e| e.to_string())?;
         let instance = Instance {
             name: "containerd-cri",
-            path_first: shim.parent().map(Path::to_path_buf),
+            path_first: Some(shim_dir),
             cri: Some(cri_config(&dir)),
         };
         ensure_daemon(&instance);

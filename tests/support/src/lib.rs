@@ -135,6 +135,19 @@ pub fn shim_bin() -> PathBuf {
         .join("containerd-shim-agentvm-v2")
 }
 
+/// The directory of [`shim_bin`], for the `PATH` of a containerd that must
+/// find that shim; panics when the shim is not built.
+pub fn built_shim_dir() -> PathBuf {
+    let shim = shim_bin();
+    assert!(
+        shim.is_file(),
+        "the shim under test {} is not built: cargo build -p agentvm-shim \
+         (make integration-test builds it)",
+        shim.display()
+    );
+    shim.parent().unwrap_or(Path::new(".")).to_path_buf()
+}
+
 /// The binary `name` of the cargo build that made the test or bench
 /// executable `exe`: in `exe`'s directory, or above it when that is
 /// `deps/`.
