@@ -126,7 +126,16 @@ fn exec(ctx: &mut Ctx) -> Result<()> {
     ctx.check_ok("exec --detach returns", &res);
     let pid = std::fs::read_to_string(&pidfile).unwrap_or_default();
     let pid: i32 = pid.trim().parse().unwrap_or(0);
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    // runc returns while its init may still be inside execve(2) (seen
+    // once: runc's exec read an empty cmdline): give the exec 2 s to land.
+    let mut comm = String::new();
+    for _ in 0..100 {
+        comm = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if pid <= 0 || comm.starts_with("/bin/sleep") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     ctx.check(
         "exec --pid-file holds the detached process",
         pid > 0 && comm.starts_with("/bin/sleep"),
