@@ -101,6 +101,7 @@ fn check_chain(c: &ValidChain, size: u16, direction: Direction, mem: &GuestMemor
         Direction::DeviceWrites => assert!(c.readable().is_empty()),
         Direction::DeviceReads => assert!(c.writable().is_empty()),
         Direction::Both => assert!(!c.readable().is_empty() && !c.writable().is_empty()),
+        Direction::ReadsMaybeWrites => assert!(!c.readable().is_empty()),
     }
 }
 
@@ -143,6 +144,7 @@ pub fn run(data: &[u8]) {
             Direction::DeviceReads,
             Direction::DeviceWrites,
             Direction::Both,
+            Direction::ReadsMaybeWrites,
         ] {
             let parsed = ValidChain::parse(&mem, q.desc, size, h, d);
             if let Ok(c) = &parsed {

@@ -96,15 +96,16 @@ fn initramfs(busybox: &Path, dir: &Path) -> PathBuf {
     path
 }
 
-fn config(kernel: &Path, initramfs: &Path) -> VmConfig {
+/// The VM of a test: `extra` goes at the end of the kernel's command line.
+fn config(kernel: &Path, initramfs: Option<&Path>, extra: &str) -> VmConfig {
     VmConfig {
         name: "linux-test".into(),
         kernel: kernel.to_path_buf(),
-        initramfs: Some(initramfs.to_path_buf()),
+        initramfs: initramfs.map(Path::to_path_buf),
         // reboot=k: `reboot -f` pulses the i8042 reset line, which stops
         // the VM; panic=-1 turns a panic into the same (but the test
         // tells them apart by the console).
-        cmdline: "console=ttyS0 reboot=k panic=-1 tsc=reliable".into(),
+        cmdline: format!("console=ttyS0 reboot=k panic=-1 tsc=reliable {extra}"),
         vcpus: 2,
         memory_mib: 256,
         balloon: false,
@@ -149,36 +150,21 @@ impl Tail {
     }
 }
 
-#[test]
-fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
-    let test = "the_guest_kernel_boots_to_its_init_and_resets_the_vm";
-    let Some((kernel, busybox)) = prerequisites(test) else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let initramfs = initramfs(&busybox, dir.path());
-    let console_path = dir.path().join("console");
-    let console = std::fs::File::create(&console_path).unwrap();
-    // The host's end of the control port answers the guest's line.
-    let (control, host) = std::os::unix::net::UnixStream::pair().unwrap();
-    host.set_read_timeout(Some(LIMIT)).unwrap();
-    let answerer = std::thread::spawn(move || -> std::io::Result<String> {
-        use std::io::{BufRead, Write};
-        let mut line = String::new();
-        std::io::BufReader::new(&host).read_line(&mut line)?;
-        (&host).write_all(format!("{PONG}\n").as_bytes())?;
-        Ok(line)
-    });
+/// What a boot under [`boot`] came to.
+struct Booted {
+    /// How the run ended; `None` if the guest did not stop in [`LIMIT`].
+    result: Option<Result<StopReason, machine::MachineError>>,
+    /// The guest's serial console.
+    text: String,
+}
+
+/// Builds the VM, runs it until it stops or [`LIMIT`] passes, and copies
+/// its console (written to `console_path`) to the test's output as it
+/// grows: if the test host itself dies mid-boot, its serial log still
+/// shows how far the guest got.
+fn boot(config: &VmConfig, options: Options, console_path: &Path) -> Booted {
     let started = Instant::now();
-    let m = machine::build(
-        &config(&kernel, &initramfs),
-        Options {
-            serial: Some(console),
-            entropy: None,
-            control: Some(control),
-        },
-    )
-    .unwrap();
+    let m = machine::build(config, options).unwrap();
     let built = started.elapsed();
     let stop = m.vm.stop.clone();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -187,13 +173,10 @@ fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
     });
     // While it runs, watch the console for the init's first line (the
     // time from the start of the run to the guest's /init).
-    // The console is copied to the test's output as it grows: if the
-    // test host itself dies mid-boot, its serial log still shows how far
-    // the guest got.
     let run_started = Instant::now();
     let init_line = format!("{MARK} init ");
     let mut to_init = None;
-    let mut console = Tail::new(&console_path);
+    let mut console = Tail::new(console_path);
     println!("--- guest console ---");
     let result = loop {
         match rx.recv_timeout(Duration::from_millis(20)) {
@@ -218,10 +201,45 @@ fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
         println!("{}", &console.text[console.printed..]);
     }
     println!("--- end of guest console ---");
-    let text = console.text;
     println!(
         "built in {built:?}; the guest's /init printed {to_init:?} after the run started \
          (20 ms polls); the guest reset the VM {ran:?} after it started"
+    );
+    Booted {
+        result,
+        text: console.text,
+    }
+}
+
+#[test]
+fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
+    let test = "the_guest_kernel_boots_to_its_init_and_resets_the_vm";
+    let Some((kernel, busybox)) = prerequisites(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let initramfs = initramfs(&busybox, dir.path());
+    let console_path = dir.path().join("console");
+    let console = std::fs::File::create(&console_path).unwrap();
+    // The host's end of the control port answers the guest's line.
+    let (control, host) = std::os::unix::net::UnixStream::pair().unwrap();
+    host.set_read_timeout(Some(LIMIT)).unwrap();
+    let answerer = std::thread::spawn(move || -> std::io::Result<String> {
+        use std::io::{BufRead, Write};
+        let mut line = String::new();
+        std::io::BufReader::new(&host).read_line(&mut line)?;
+        (&host).write_all(format!("{PONG}\n").as_bytes())?;
+        Ok(line)
+    });
+    let Booted { result, text } = boot(
+        &config(&kernel, Some(&initramfs), ""),
+        Options {
+            serial: Some(console),
+            entropy: None,
+            control: Some(control),
+            share: None,
+        },
+        &console_path,
     );
     let result = result.unwrap_or_else(|| panic!("the guest did not stop within {LIMIT:?}"));
     assert_eq!(
@@ -289,4 +307,117 @@ fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
     }
     assert!(text.contains(&format!("{MARK} done")));
     assert!(!text.contains("Kernel panic"), "the guest panicked");
+}
+
+/// Bytes of the file the guest writes into its share.
+const BIG: usize = 4 << 20;
+
+/// The share a guest boots from: busybox, an `/init` that reports what it
+/// finds and changes in the share (through virtio-fs, as the guest agent
+/// and a container's rootfs do), and host files for it to read and
+/// remove.
+fn boot_share(busybox: &Path, share: &Path) {
+    for d in ["bin", "dev", "proc", "sys", "data"] {
+        std::fs::create_dir(share.join(d)).unwrap();
+    }
+    std::fs::copy(busybox, share.join("bin/busybox")).unwrap();
+    std::fs::write(share.join("data/hello"), "written by the host\n").unwrap();
+    std::fs::write(share.join("data/gone"), "the guest removes this").unwrap();
+    let b = "/bin/busybox";
+    let init = format!(
+        "#!{b} sh\n\
+         {b} mount -t proc proc /proc\n\
+         {b} mount -t sysfs sysfs /sys\n\
+         {b} mount -t devtmpfs devtmpfs /dev\n\
+         echo \"{MARK} init $({b} uname -r)\"\n\
+         echo \"{MARK} root $({b} awk '$2 == \"/\" {{ print $1, $3 }}' /proc/mounts)\"\n\
+         echo \"{MARK} read $({b} cat /data/hello)\"\n\
+         echo from-the-guest > /data/out\n\
+         {b} mkdir /data/dir\n\
+         {b} mv /data/out /data/dir/moved\n\
+         {b} chmod 600 /data/dir/moved\n\
+         {b} ln -s /etc/guest-target /data/dir/link\n\
+         {b} rm /data/gone\n\
+         {b} yes guest-data | {b} head -c {BIG} > /data/big\n\
+         echo \"{MARK} big $({b} wc -c < /data/big)\"\n\
+         echo \"{MARK} listing $({b} ls /data | {b} tr '\\n' ' ')\"\n\
+         {b} sync\n\
+         echo \"{MARK} done\"\n\
+         {b} reboot -f\n"
+    );
+    std::fs::write(share.join("init"), init).unwrap();
+    std::fs::set_permissions(
+        share.join("init"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+}
+
+/// The value after `{MARK} {key} ` on the guest's console.
+fn reported<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let prefix = format!("{MARK} {key} ");
+    text.lines()
+        .find_map(|l| l.split_once(&prefix).map(|(_, r)| r.trim_end()))
+}
+
+#[test]
+fn the_guest_boots_from_its_virtio_fs_share_and_writes_to_it() {
+    let test = "the_guest_boots_from_its_virtio_fs_share_and_writes_to_it";
+    let Some((kernel, busybox)) = prerequisites(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    boot_share(&busybox, &share);
+    let console_path = dir.path().join("console");
+    let console = std::fs::File::create(&console_path).unwrap();
+    // As the microvm tier boots a container's guest: no initramfs, the
+    // share is the root file system.
+    let root = format!(
+        "root={} rootfstype=virtiofs rw init=/init",
+        crate::protocol::SHARE_TAG
+    );
+    let Booted { result, text } = boot(
+        &config(&kernel, None, &root),
+        Options {
+            serial: Some(console),
+            entropy: None,
+            control: None,
+            share: Some(share.clone()),
+        },
+        &console_path,
+    );
+    let result = result.unwrap_or_else(|| panic!("the guest did not stop within {LIMIT:?}"));
+    assert!(!text.contains("Kernel panic"), "the guest panicked");
+    assert_eq!(result.unwrap(), StopReason::Reset);
+    assert_eq!(
+        reported(&text, "root"),
+        Some(format!("{} virtiofs", crate::protocol::SHARE_TAG).as_str()),
+        "the guest's root is not the share"
+    );
+    assert_eq!(reported(&text, "read"), Some("written by the host"));
+    assert!(text.contains(&format!("{MARK} done")));
+    // What the guest did, seen on the host.
+    let moved = share.join("data/dir/moved");
+    assert_eq!(std::fs::read_to_string(&moved).unwrap(), "from-the-guest\n");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&moved).unwrap().permissions())
+            & 0o777,
+        0o600
+    );
+    assert_eq!(
+        std::fs::read_link(share.join("data/dir/link")).unwrap(),
+        Path::new("/etc/guest-target")
+    );
+    assert!(!share.join("data/gone").exists());
+    assert!(!share.join("data/out").exists());
+    // 4 MiB through the request queue, every byte where it belongs.
+    let big = std::fs::read(share.join("data/big")).unwrap();
+    let want: Vec<u8> = b"guest-data\n".iter().copied().cycle().take(BIG).collect();
+    assert!(
+        big == want,
+        "the host's copy differs from what the guest wrote"
+    );
+    assert_eq!(reported(&text, "big"), Some(BIG.to_string().as_str()));
 }

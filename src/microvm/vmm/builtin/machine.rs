@@ -3,13 +3,15 @@
 //! devices' `virtio_mmio.device=` entries, `vcpus` vCPUs and the MP table
 //! that tells the guest about them and the IO-APIC, the reset line,
 //! virtio-rng, the agent's control port (virtio-console) when given its
-//! host socket, and the serial port only when asked for. [`Machine::run`]
-//! runs it until the guest stops it: one thread per vCPU and one for the
-//! devices' event loop; the first vCPU to stop stops the others, kicking
-//! them out of `KVM_RUN` with a signal.
+//! host socket, the share (virtio-fs, tag [`crate::protocol::SHARE_TAG`])
+//! when given its directory, and the serial port only when asked for.
+//! [`Machine::run`] runs it until the guest stops it: one thread per vCPU,
+//! one for the devices' event loop and one for virtio-fs's (a slow host
+//! file system must not hold up the control channel); the first vCPU to
+//! stop stops the others, kicking them out of `KVM_RUN` with a signal.
 //!
-//! Not yet a [`crate::microvm::vmm::Backend`]: virtio-fs, the network and
-//! the supervisor's launch of it are missing ([`super::MISSING`]).
+//! Not yet a [`crate::microvm::vmm::Backend`]: the network and the
+//! supervisor's launch of it are missing ([`super::MISSING`]).
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +31,7 @@ use super::memory::{self, MemoryError};
 use super::mptable::{self, MpTableError};
 use super::vcpu::{StopReason, Vcpu, VcpuError};
 use super::virtio::console::{Console, ConsoleError};
+use super::virtio::fs::{self as virtio_fs, Fs, FsError};
 use super::virtio::rng::{Rng, RngError, Urandom};
 use super::vm::{Vm, VmError};
 use crate::microvm::vmm::VmConfig;
@@ -45,6 +48,8 @@ pub enum MachineError {
     Rng(#[from] RngError),
     #[error("virtio-console: {0}")]
     Console(#[from] ConsoleError),
+    #[error("virtio-fs: {0}")]
+    Fs(#[from] FsError),
     #[error(transparent)]
     MpTable(#[from] MpTableError),
     #[error("cannot open /dev/kvm: {0}")]
@@ -79,6 +84,10 @@ pub struct Options {
     /// port 1 is [`crate::protocol::PORT_NAME`] in the guest. `None`
     /// leaves the device out.
     pub control: Option<std::os::unix::net::UnixStream>,
+    /// The directory the guest mounts as [`crate::protocol::SHARE_TAG`]
+    /// (its root, when booted from the share); `None` leaves virtio-fs
+    /// out.
+    pub share: Option<std::path::PathBuf>,
 }
 
 pub struct Machine {
@@ -88,6 +97,7 @@ pub struct Machine {
     pub vcpus: Vec<Vcpu>,
     pub rng: Arc<Mutex<Rng>>,
     pub console: Option<Arc<Mutex<Console>>>,
+    pub fs: Option<Arc<Mutex<Fs>>>,
     pub serial: Option<Arc<Mutex<SerialPort<File>>>>,
     /// The command line the kernel was given.
     pub cmdline: String,
@@ -139,6 +149,20 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
         }
         None => None,
     };
+    let fs = match options.share {
+        Some(dir) => {
+            let fs = Fs::new(
+                crate::protocol::SHARE_TAG,
+                virtio_fs::sandbox::passthrough(&dir)?,
+            )?;
+            let fs = Arc::new(Mutex::new(fs));
+            let (entry, _) = vm.add_virtio(2, fs.clone())?;
+            cmdline.push(' ');
+            cmdline.push_str(&entry);
+            Some(fs)
+        }
+        None => None,
+    };
     let initramfs = config.initramfs.as_deref();
     let start = boot::load(
         &vm.memory,
@@ -156,6 +180,7 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
         vcpus,
         rng,
         console,
+        fs,
         serial,
         cmdline,
     })
@@ -187,33 +212,28 @@ impl Machine {
             vcpus,
             rng,
             console,
+            fs,
             ..
         } = self;
         let devices_done = Arc::new(AtomicBool::new(false));
-        let events = {
-            let done = devices_done.clone();
-            std::thread::Builder::new()
-                .name("vmm-devices".into())
-                .spawn(move || -> Result<(), MachineError> {
-                    let mut events: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
-                        EventManager::new().map_err(|e| MachineError::Thread {
-                            what: "device event loop",
-                            source: std::io::Error::other(format!("{e:?}")),
-                        })?;
-                    events.add_subscriber(rng);
-                    if let Some(console) = console {
-                        events.add_subscriber(console);
+        let mut loops = Vec::new();
+        let mut devices: Vec<Subscriber> = vec![rng];
+        if let Some(console) = console {
+            devices.push(console);
+        }
+        loops.push(event_loop("vmm-devices", devices, devices_done.clone())?);
+        if let Some(fs) = fs {
+            match event_loop("vmm-fs", vec![fs], devices_done.clone()) {
+                Ok(handle) => loops.push(handle),
+                Err(e) => {
+                    devices_done.store(true, Ordering::SeqCst);
+                    for handle in loops {
+                        let _ = handle.join();
                     }
-                    while !done.load(Ordering::SeqCst) {
-                        let _ = events.run_with_timeout(100);
-                    }
-                    Ok(())
-                })
-                .map_err(|source| MachineError::Thread {
-                    what: "device event loop",
-                    source,
-                })?
-        };
+                    return Err(e);
+                }
+            }
+        }
         let mut threads: Vec<VcpuThread> = Vec::new();
         for mut vcpu in vcpus {
             let stop = vm.stop.clone();
@@ -236,6 +256,10 @@ impl Machine {
                 Err(source) => {
                     vm.stop.request(StopReason::Requested);
                     kick_all(&threads);
+                    devices_done.store(true, Ordering::SeqCst);
+                    for handle in loops {
+                        let _ = handle.join();
+                    }
                     return Err(MachineError::Thread {
                         what: "vCPU",
                         source,
@@ -263,13 +287,15 @@ impl Machine {
             }
         }
         devices_done.store(true, Ordering::SeqCst);
-        match events.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                first_error.get_or_insert(e);
-            }
-            Err(_) => {
-                first_error.get_or_insert(MachineError::Panicked("device event loop"));
+        for handle in loops {
+            match handle.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_error.get_or_insert(MachineError::Panicked("device event loop"));
+                }
             }
         }
         if let Some(e) = first_error {
@@ -277,6 +303,38 @@ impl Machine {
         }
         Ok(vm.stop.requested().unwrap_or(StopReason::Requested))
     }
+}
+
+/// A device in an event loop.
+type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
+
+/// Starts a thread named `name` running an event loop over `devices`
+/// until `done`.
+fn event_loop(
+    name: &'static str,
+    devices: Vec<Subscriber>,
+    done: Arc<AtomicBool>,
+) -> Result<JoinHandle<Result<(), MachineError>>, MachineError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || -> Result<(), MachineError> {
+            let mut events: EventManager<Subscriber> =
+                EventManager::new().map_err(|e| MachineError::Thread {
+                    what: "device event loop",
+                    source: std::io::Error::other(format!("{e:?}")),
+                })?;
+            for device in devices {
+                events.add_subscriber(device);
+            }
+            while !done.load(Ordering::SeqCst) {
+                let _ = events.run_with_timeout(100);
+            }
+            Ok(())
+        })
+        .map_err(|source| MachineError::Thread {
+            what: "device event loop",
+            source,
+        })
 }
 
 /// Kicks each vCPU thread that has not finished, until all have.

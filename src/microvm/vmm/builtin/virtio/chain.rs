@@ -62,8 +62,11 @@ pub enum Direction {
     DeviceReads,
     /// Only buffers the device writes (e.g. virtio-rng).
     DeviceWrites,
-    /// A request to read, then room for the answer (e.g. virtio-fs).
+    /// A request to read, then room for the answer.
     Both,
+    /// A request to read, then room for an answer if the request has one
+    /// (virtio-fs: a `FORGET` is answered by nothing).
+    ReadsMaybeWrites,
 }
 
 /// One buffer of a validated chain: inside guest memory, not empty.
@@ -160,7 +163,9 @@ impl ValidChain {
 
     fn complete(self, direction: Direction) -> Result<ValidChain, ChainError> {
         match direction {
-            Direction::DeviceReads | Direction::Both if self.readable.is_empty() => {
+            Direction::DeviceReads | Direction::Both | Direction::ReadsMaybeWrites
+                if self.readable.is_empty() =>
+            {
                 Err(ChainError::Missing("readable"))
             }
             Direction::DeviceWrites | Direction::Both if self.writable.is_empty() => {

@@ -11,6 +11,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 pub mod chain;
 pub mod console;
+pub mod fs;
 pub mod mmio;
 pub mod queue;
 pub mod rng;

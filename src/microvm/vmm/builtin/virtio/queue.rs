@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemory};
 
 use super::chain::{ChainError, Direction, ValidChain};
@@ -52,11 +52,30 @@ pub fn pop<M: GuestMemory>(
     mem: &M,
     direction: Direction,
 ) -> Option<(u16, Result<ValidChain, ChainError>)> {
-    let head = queue.pop_descriptor_chain(mem)?.head_index();
+    pop_chain(queue, mem, direction).map(|(head, popped)| (head, popped.map(|(valid, _)| valid)))
+}
+
+/// A validated chain and `virtio-queue`'s walk of it.
+pub type Walked<'m, M> = (ValidChain, DescriptorChain<&'m M>);
+
+/// Like [`pop`], keeping `virtio-queue`'s walk of the chain as well, for a
+/// device whose library reads requests from one (virtio-fs and
+/// `fuse-backend-rs`). The chain is validated here first; the library
+/// walks the descriptor table again, with bounds of its own (at most the
+/// queue's size of descriptors, each inside guest memory), so a guest that
+/// rewrites its table in between gains nothing beyond what a valid chain
+/// would reach.
+pub fn pop_chain<'m, M: GuestMemory>(
+    queue: &mut Queue,
+    mem: &'m M,
+    direction: Direction,
+) -> Option<(u16, Result<Walked<'m, M>, ChainError>)> {
+    let chain = queue.pop_descriptor_chain(mem)?;
+    let head = chain.head_index();
     let table = GuestAddress(queue.desc_table());
     Some((
         head,
-        ValidChain::parse(mem, table, queue.size(), head, direction),
+        ValidChain::parse(mem, table, queue.size(), head, direction).map(|valid| (valid, chain)),
     ))
 }
 

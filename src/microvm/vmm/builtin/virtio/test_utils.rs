@@ -32,21 +32,39 @@ impl<'a> GuestQueue<'a> {
     /// table, then the avail ring, then the used ring (4-byte aligned), all
     /// zeroed.
     pub fn new(mem: &'a GuestMemoryMmap, base: GuestAddress, size: u16) -> Result<GuestQueue<'a>> {
+        let q = Self::layout(mem, base, size);
+        let end = q.used.raw_value() + 6 + 8 * u64::from(size);
+        let zeros = vec![0u8; (end - base.raw_value()) as usize];
+        mem.write_slice(&zeros, base)?;
+        Ok(q)
+    }
+
+    /// The driver's view of a queue that [`GuestQueue::new`] laid out at
+    /// `base` earlier, its rings as they are now (the next request goes
+    /// after those already offered).
+    pub fn attach(
+        mem: &'a GuestMemoryMmap,
+        base: GuestAddress,
+        size: u16,
+    ) -> Result<GuestQueue<'a>> {
+        let mut q = Self::layout(mem, base, size);
+        q.avail_idx = u16::from_le(mem.read_obj(q.avail.unchecked_add(2))?);
+        Ok(q)
+    }
+
+    fn layout(mem: &'a GuestMemoryMmap, base: GuestAddress, size: u16) -> GuestQueue<'a> {
         let n = u64::from(size);
         let desc = base;
         let avail = desc.unchecked_add(DESC_SIZE * n);
         let used = GuestAddress((avail.raw_value() + 6 + 2 * n + 3) & !3);
-        let end = used.raw_value() + 6 + 8 * n;
-        let zeros = vec![0u8; (end - base.raw_value()) as usize];
-        mem.write_slice(&zeros, base)?;
-        Ok(GuestQueue {
+        GuestQueue {
             mem,
             size,
             desc,
             avail,
             used,
             avail_idx: 0,
-        })
+        }
     }
 
     /// Writes descriptor `index` as it is, whatever it says.
