@@ -15,6 +15,8 @@
 //!   validator with virtio-rng, and its virtio-mmio transport;
 //! - `virtio_console_control`: the builtin VMM's virtio-console control
 //!   messages;
+//! - `virtio_fs`: the builtin VMM's virtio-fs device and its FUSE server
+//!   over a real share, driven by hostile requests and chains;
 //! - `virtio_console_port`: the builtin VMM's virtio-console device, its
 //!   port data path and flow control against a host socket.
 //!
@@ -103,6 +105,11 @@ mod tests {
     #[test]
     fn virtio_console_port_bounded() {
         bounded("virtio_console_port", 2000);
+    }
+
+    #[test]
+    fn virtio_fs_bounded() {
+        bounded("virtio_fs", 500);
     }
 
     #[test]

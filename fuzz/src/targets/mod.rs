@@ -18,6 +18,7 @@ pub mod values;
 pub mod virtio_chain;
 pub mod virtio_console_control;
 pub mod virtio_console_port;
+pub mod virtio_fs;
 pub mod virtio_mmio;
 
 /// One fuzz target.
@@ -93,6 +94,12 @@ pub const TARGETS: &[Target] = &[
         about: "the builtin VMM's virtio-console: port 1's data both ways, its control messages and flow control, against a host socket",
         generate: virtio_console_port::generate,
         run: virtio_console_port::run,
+    },
+    Target {
+        name: "virtio_fs",
+        about: "the builtin VMM's virtio-fs and its FUSE server over a real share: guest requests, chains and node ids",
+        generate: virtio_fs::generate,
+        run: virtio_fs::run,
     },
     Target {
         name: "virtio_mmio",

@@ -310,7 +310,7 @@ fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
 }
 
 /// Bytes of the file the guest writes into its share.
-const BIG: usize = 4 << 20;
+const BIG: usize = 1 << 20;
 
 /// The share a guest boots from: busybox, an `/init` that reports what it
 /// finds and changes in the share (through virtio-fs, as the guest agent
@@ -412,7 +412,7 @@ fn the_guest_boots_from_its_virtio_fs_share_and_writes_to_it() {
     );
     assert!(!share.join("data/gone").exists());
     assert!(!share.join("data/out").exists());
-    // 4 MiB through the request queue, every byte where it belongs.
+    // 1 MiB through the request queue, every byte where it belongs.
     let big = std::fs::read(share.join("data/big")).unwrap();
     let want: Vec<u8> = b"guest-data\n".iter().copied().cycle().take(BIG).collect();
     assert!(
