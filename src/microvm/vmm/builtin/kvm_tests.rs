@@ -432,18 +432,25 @@ fn a_machine_built_from_a_vm_config_runs_until_the_guest_resets_it() {
         entropy: Some(Box::new(Pattern(0))),
         control: Some(control),
         share: Some(dir.path().to_path_buf()),
+        nics: vec![super::machine::NicPort {
+            fd: std::os::unix::net::UnixDatagram::pair().unwrap().0.into(),
+            mac: [2, 0, 0, 0, 0, 1],
+        }],
     };
     // Two vCPUs: the second waits for a SIPI inside KVM and must be
     // kicked out when the first stops the VM.
     let m = super::machine::build(&vm_config(&kernel, 2), options).unwrap();
     assert_eq!(m.memfd.metadata().unwrap().len(), 32 << 20);
     // virtio-rng in slot 0, the control port's virtio-console in slot 1,
-    // the share's virtio-fs in slot 2 (served by its own event loop).
+    // the share's virtio-fs in slot 2 (served by its own event loop), the
+    // NIC in slot 3.
     assert_eq!(
         m.cmdline,
         "console=ttyS0 reboot=k virtio_mmio.device=4K@0xd0000000:5 \
-         virtio_mmio.device=4K@0xd0001000:6 virtio_mmio.device=4K@0xd0002000:7"
+         virtio_mmio.device=4K@0xd0001000:6 virtio_mmio.device=4K@0xd0002000:7 \
+         virtio_mmio.device=4K@0xd0003000:8"
     );
+    assert_eq!(m.nics.len(), 1);
     assert!(m.console.is_some());
     assert!(m.fs.is_some());
     assert_eq!(m.vcpus.len(), 2);
@@ -467,6 +474,7 @@ fn the_serial_port_is_off_unless_asked_for() {
         entropy: Some(Box::new(Pattern(0))),
         control: None,
         share: None,
+        nics: Vec::new(),
     };
     let mut m = super::machine::build(&vm_config(&kernel, 1), options).unwrap();
     assert!(m.serial.is_none());

@@ -84,6 +84,11 @@ fn initramfs(busybox: &Path, dir: &Path) -> PathBuf {
          echo \"{MARK} done\"\n\
          /bin/busybox reboot -f\n"
     );
+    cpio_with(busybox, dir, &init)
+}
+
+/// An initramfs of busybox and `init` as its `/init`.
+fn cpio_with(busybox: &Path, dir: &Path, init: &str) -> PathBuf {
     let mut cpio = Cpio::default();
     for d in ["bin", "dev", "proc", "sys"] {
         cpio.dir(d);
@@ -238,6 +243,7 @@ fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
             entropy: None,
             control: Some(control),
             share: None,
+            nics: Vec::new(),
         },
         &console_path,
     );
@@ -385,6 +391,7 @@ fn the_guest_boots_from_its_virtio_fs_share_and_writes_to_it() {
             entropy: None,
             control: None,
             share: Some(share.clone()),
+            nics: Vec::new(),
         },
         &console_path,
     );
@@ -420,4 +427,164 @@ fn the_guest_boots_from_its_virtio_fs_share_and_writes_to_it() {
         "the host's copy differs from what the guest wrote"
     );
     assert_eq!(reported(&text, "big"), Some(BIG.to_string().as_str()));
+}
+
+/// The test's end of the guest's NIC: a peer at [`PEER_IP`] that answers
+/// ARP for itself and ICMP echo requests, as a router on a tap would.
+const PEER_IP: [u8; 4] = [10, 0, 2, 1];
+const GUEST_IP: [u8; 4] = [10, 0, 2, 15];
+const PEER_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x00, 0x01];
+const GUEST_MAC: [u8; 6] = [0x02, 0xa6, 0x00, 0x00, 0x00, 0x0f];
+
+/// The Internet checksum of `bytes`.
+fn checksum(bytes: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for pair in bytes.chunks(2) {
+        let word = u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]);
+        sum += u32::from(word);
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// The peer's answer to one Ethernet frame from the guest, if any.
+fn answer(frame: &[u8]) -> Option<Vec<u8>> {
+    if frame.len() < 14 || frame[6..12] != GUEST_MAC {
+        return None;
+    }
+    let mut reply = Vec::with_capacity(frame.len());
+    reply.extend_from_slice(&frame[6..12]);
+    reply.extend_from_slice(&PEER_MAC);
+    match u16::from_be_bytes([frame[12], frame[13]]) {
+        0x0806 if frame.len() >= 42 && frame[20..22] == [0, 1] && frame[38..42] == PEER_IP => {
+            // ARP request for the peer: a reply.
+            reply.extend_from_slice(&frame[12..20]);
+            reply.extend_from_slice(&[0, 2]);
+            reply.extend_from_slice(&PEER_MAC);
+            reply.extend_from_slice(&PEER_IP);
+            reply.extend_from_slice(&frame[22..32]);
+            Some(reply)
+        }
+        0x0800 if frame.len() >= 34 && frame[23] == 1 => {
+            let ihl = usize::from(frame[14] & 0xf) * 4;
+            let icmp = 14 + ihl;
+            if frame.get(icmp) != Some(&8) || frame[30..34] != PEER_IP {
+                return None;
+            }
+            // An echo request: the same datagram back, addresses swapped
+            // (the header's checksum stays), type 0, checksum again.
+            let mut ip = frame[14..].to_vec();
+            ip[12..16].copy_from_slice(&PEER_IP);
+            ip[16..20].copy_from_slice(&frame[26..30]);
+            let at = ihl;
+            ip[at] = 0;
+            ip[at + 2..at + 4].copy_from_slice(&[0, 0]);
+            let sum = checksum(&ip[at..]);
+            ip[at + 2..at + 4].copy_from_slice(&sum.to_be_bytes());
+            reply.extend_from_slice(&frame[12..14]);
+            reply.extend(ip);
+            Some(reply)
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn the_guest_pings_a_peer_through_virtio_net() {
+    let test = "the_guest_pings_a_peer_through_virtio_net";
+    let Some((kernel, busybox)) = prerequisites(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let b = "/bin/busybox";
+    let ip = |a: [u8; 4]| format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]);
+    let init = format!(
+        "#!{b} sh\n\
+         {b} mount -t proc proc /proc\n\
+         {b} mount -t sysfs sysfs /sys\n\
+         echo \"{MARK} init $({b} uname -r)\"\n\
+         echo \"{MARK} mac $({b} cat /sys/class/net/eth0/address)\"\n\
+         {b} ip link set eth0 up\n\
+         {b} ip addr add {guest}/24 dev eth0\n\
+         {b} ping -c 3 -W 5 {peer} > /dev/null; echo \"{MARK} ping $?\"\n\
+         {b} ping -c 2 -s 1400 -W 5 {peer} > /dev/null; echo \"{MARK} big-ping $?\"\n\
+         echo \"{MARK} rx-packets $({b} cat /sys/class/net/eth0/statistics/rx_packets)\"\n\
+         echo \"{MARK} done\"\n\
+         {b} reboot -f\n",
+        guest = ip(GUEST_IP),
+        peer = ip(PEER_IP),
+    );
+    let initramfs = cpio_with(&busybox, dir.path(), &init);
+    let console_path = dir.path().join("console");
+    let console = std::fs::File::create(&console_path).unwrap();
+    let (vm_end, peer) = std::os::unix::net::UnixDatagram::pair().unwrap();
+    peer.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answering = {
+        let stop = stop.clone();
+        std::thread::spawn(move || -> (u32, u32) {
+            let (mut seen, mut answered) = (0, 0);
+            let mut buf = vec![0u8; 70_000];
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let Ok(n) = peer.recv(&mut buf) else {
+                    continue;
+                };
+                seen += 1;
+                let frame = &buf[super::virtio::net::HDR_LEN.min(n)..n];
+                if let Some(reply) = answer(frame) {
+                    let mut out = vec![0u8; super::virtio::net::HDR_LEN];
+                    out.extend(reply);
+                    if peer.send(&out).is_ok() {
+                        answered += 1;
+                    }
+                }
+            }
+            (seen, answered)
+        })
+    };
+    let Booted { result, text } = boot(
+        &config(&kernel, Some(&initramfs), ""),
+        Options {
+            serial: Some(console),
+            entropy: None,
+            control: None,
+            share: None,
+            nics: vec![machine::NicPort {
+                fd: vm_end.into(),
+                mac: GUEST_MAC,
+            }],
+        },
+        &console_path,
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (seen, answered) = answering.join().unwrap();
+    println!("the peer saw {seen} frames from the guest and answered {answered}");
+    let result = result.unwrap_or_else(|| panic!("the guest did not stop within {LIMIT:?}"));
+    assert!(!text.contains("Kernel panic"), "the guest panicked");
+    assert_eq!(result.unwrap(), StopReason::Reset);
+    assert_eq!(
+        reported(&text, "mac"),
+        Some("02:a6:00:00:00:0f"),
+        "the guest's MAC is not the configuration space's"
+    );
+    assert_eq!(
+        reported(&text, "ping"),
+        Some("0"),
+        "ping through virtio-net failed"
+    );
+    assert_eq!(
+        reported(&text, "big-ping"),
+        Some("0"),
+        "1400-byte pings through virtio-net failed"
+    );
+    // An ARP reply and five echo replies, at least.
+    assert!(answered >= 6, "the peer answered {answered} frames");
+    let rx: u32 = reported(&text, "rx-packets")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(rx >= 6, "the guest counted {rx} received packets");
+    assert!(text.contains(&format!("{MARK} done")));
 }

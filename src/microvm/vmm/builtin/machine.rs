@@ -4,14 +4,15 @@
 //! that tells the guest about them and the IO-APIC, the reset line,
 //! virtio-rng, the agent's control port (virtio-console) when given its
 //! host socket, the share (virtio-fs, tag [`crate::protocol::SHARE_TAG`])
-//! when given its directory, and the serial port only when asked for.
+//! when given its directory, one virtio-net per NIC given, and the serial
+//! port only when asked for.
 //! [`Machine::run`] runs it until the guest stops it: one thread per vCPU,
 //! one for the devices' event loop and one for virtio-fs's (a slow host
 //! file system must not hold up the control channel); the first vCPU to
 //! stop stops the others, kicking them out of `KVM_RUN` with a signal.
 //!
-//! Not yet a [`crate::microvm::vmm::Backend`]: the network and the
-//! supervisor's launch of it are missing ([`super::MISSING`]).
+//! Not yet a [`crate::microvm::vmm::Backend`]: the supervisor's launch of
+//! it is missing ([`super::MISSING`]).
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,6 +33,7 @@ use super::mptable::{self, MpTableError};
 use super::vcpu::{StopReason, Vcpu, VcpuError};
 use super::virtio::console::{Console, ConsoleError};
 use super::virtio::fs::{self as virtio_fs, Fs, FsError};
+use super::virtio::net::{Net, NetError};
 use super::virtio::rng::{Rng, RngError, Urandom};
 use super::vm::{Vm, VmError};
 use crate::microvm::vmm::VmConfig;
@@ -50,6 +52,8 @@ pub enum MachineError {
     Console(#[from] ConsoleError),
     #[error("virtio-fs: {0}")]
     Fs(#[from] FsError),
+    #[error("virtio-net: {0}")]
+    Net(#[from] NetError),
     #[error(transparent)]
     MpTable(#[from] MpTableError),
     #[error("cannot open /dev/kvm: {0}")]
@@ -88,7 +92,22 @@ pub struct Options {
     /// (its root, when booted from the share); `None` leaves virtio-fs
     /// out.
     pub share: Option<std::path::PathBuf>,
+    /// The guest's NICs, in order (`eth0` first): each a virtio-net on
+    /// its descriptor.
+    pub nics: Vec<NicPort>,
 }
+
+/// One NIC: the descriptor its frames go through (a tap set up with
+/// [`super::virtio::net::tap::configure`], or a datagram socket that
+/// carries the same header-first frames) and the guest's MAC.
+pub struct NicPort {
+    pub fd: std::os::fd::OwnedFd,
+    pub mac: [u8; 6],
+}
+
+/// The virtio-mmio slot of the first NIC (after virtio-rng, the control
+/// port and the share).
+const FIRST_NIC_SLOT: u32 = 3;
 
 pub struct Machine {
     pub vm: Vm,
@@ -98,6 +117,7 @@ pub struct Machine {
     pub rng: Arc<Mutex<Rng>>,
     pub console: Option<Arc<Mutex<Console>>>,
     pub fs: Option<Arc<Mutex<Fs>>>,
+    pub nics: Vec<Arc<Mutex<Net>>>,
     pub serial: Option<Arc<Mutex<SerialPort<File>>>>,
     /// The command line the kernel was given.
     pub cmdline: String,
@@ -163,6 +183,14 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
         }
         None => None,
     };
+    let mut nics = Vec::new();
+    for (slot, port) in (FIRST_NIC_SLOT..).zip(options.nics) {
+        let net = Arc::new(Mutex::new(Net::new(port.fd, port.mac)?));
+        let (entry, _) = vm.add_virtio(slot, net.clone())?;
+        cmdline.push(' ');
+        cmdline.push_str(&entry);
+        nics.push(net);
+    }
     let initramfs = config.initramfs.as_deref();
     let start = boot::load(
         &vm.memory,
@@ -181,6 +209,7 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
         rng,
         console,
         fs,
+        nics,
         serial,
         cmdline,
     })
@@ -213,6 +242,7 @@ impl Machine {
             rng,
             console,
             fs,
+            nics,
             ..
         } = self;
         let devices_done = Arc::new(AtomicBool::new(false));
@@ -220,6 +250,9 @@ impl Machine {
         let mut devices: Vec<Subscriber> = vec![rng];
         if let Some(console) = console {
             devices.push(console);
+        }
+        for nic in nics {
+            devices.push(nic);
         }
         loops.push(event_loop("vmm-devices", devices, devices_done.clone())?);
         if let Some(fs) = fs {

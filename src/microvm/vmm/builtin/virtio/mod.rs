@@ -13,6 +13,7 @@ pub mod chain;
 pub mod console;
 pub mod fs;
 pub mod mmio;
+pub mod net;
 pub mod queue;
 pub mod rng;
 pub mod test_utils;
