@@ -15,6 +15,8 @@
 //!   validator with virtio-rng, and its virtio-mmio transport;
 //! - `virtio_console_control`: the builtin VMM's virtio-console control
 //!   messages;
+//! - `virtio_net`: the builtin VMM's virtio-net device, its transmit and
+//!   receive queues against a socketpair standing in for the tap;
 //! - `virtio_fs`: the builtin VMM's virtio-fs device and its FUSE server
 //!   over a real share, driven by hostile requests and chains;
 //! - `virtio_console_port`: the builtin VMM's virtio-console device, its
@@ -110,6 +112,11 @@ mod tests {
     #[test]
     fn virtio_fs_bounded() {
         bounded("virtio_fs", 500);
+    }
+
+    #[test]
+    fn virtio_net_bounded() {
+        bounded("virtio_net", 3000);
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod virtio_console_control;
 pub mod virtio_console_port;
 pub mod virtio_fs;
 pub mod virtio_mmio;
+pub mod virtio_net;
 
 /// One fuzz target.
 pub struct Target {
@@ -100,6 +101,12 @@ pub const TARGETS: &[Target] = &[
         about: "the builtin VMM's virtio-fs and its FUSE server over a real share: guest requests, chains and node ids",
         generate: virtio_fs::generate,
         run: virtio_fs::run,
+    },
+    Target {
+        name: "virtio_net",
+        about: "the builtin VMM's virtio-net: guest transmit chains and headers, receive buffers, frames from a tap",
+        generate: virtio_net::generate,
+        run: virtio_net::run,
     },
     Target {
         name: "virtio_mmio",
