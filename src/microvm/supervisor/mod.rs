@@ -49,6 +49,8 @@ pub enum SupervisorError {
     #[error(transparent)]
     Vmm(#[from] super::vmm::VmmError),
     #[error(transparent)]
+    VmmChoice(#[from] super::vmm::choice::ChoiceError),
+    #[error(transparent)]
     Plan(#[from] super::spec::SpecError),
     #[error(transparent)]
     Net(#[from] super::net::NetError),
@@ -342,7 +344,10 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             std::process::id(),
         ),
     };
-    let backend = super::vmm::for_host(&host);
+    // The same choice `create` made from the same config and annotations.
+    let vmm =
+        super::vmm::choice::for_container(args.config.microvm.vmm, spec.annotations().as_ref())?;
+    let backend = super::vmm::for_host(&host, vmm.backend);
     tracing::info!(
         "container {}: booting {} vCPU / {} MiB microVM with {} ({}: {})",
         state.id,

@@ -117,13 +117,16 @@ pub trait Backend {
     fn launch(&self, config: &VmConfig) -> Result<Box<dyn Vm>, VmmError>;
 }
 
-/// The backend that runs microVMs on this host. QEMU is the only one so
-/// far; a VMM of our own plugs in here.
-pub fn for_host(host: &crate::microvm::host::Host) -> Box<dyn Backend> {
-    Box::new(qemu::Qemu {
-        qemu: host.qemu.clone(),
-        virtiofsd: host.virtiofsd.clone(),
-    })
+/// The backend `create` chose for a container ([`choice::for_container`],
+/// which refuses the builtin VMM while it is incomplete).
+pub fn for_host(host: &crate::microvm::host::Host, kind: choice::BackendKind) -> Box<dyn Backend> {
+    match kind {
+        choice::BackendKind::Builtin => Box::new(builtin::backend::Builtin),
+        choice::BackendKind::Qemu => Box::new(qemu::Qemu {
+            qemu: host.qemu.clone(),
+            virtiofsd: host.virtiofsd.clone(),
+        }),
+    }
 }
 
 /// One helper process of a VM: what it is, the child, and the file its

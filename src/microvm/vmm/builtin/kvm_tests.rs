@@ -756,3 +756,76 @@ fn guest_code_runs_in_real_mode_and_in_long_mode_at_cpl_0_and_3() {
         assert_eq!(mmio.lock().unwrap().0, vec![u32::from(cpl)], "CPL {cpl}");
     }
 }
+
+/// The backend seam's view of a builtin VM: a guest that resets the VM is
+/// reported as ended, with why, and one that never stops is stopped by
+/// `kill`; no host process of its own, no balloon.
+#[test]
+fn a_launched_vm_reports_its_end_and_is_stopped_by_kill() {
+    use crate::microvm::vmm::builtin::backend::launch_machine;
+    if open_kvm("backend").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let options = |name: &str| super::machine::Options {
+        serial: Some(std::fs::File::create(dir.path().join(name)).unwrap()),
+        entropy: Some(Box::new(Pattern(0))),
+        control: None,
+        share: None,
+        nics: Vec::new(),
+    };
+    // "ok", then the reset line.
+    let resets = dir.path().join("resets");
+    std::fs::write(&resets, elf_kernel(&serial_program().0)).unwrap();
+    let mut vm = launch_machine(&vm_config(&resets, 1), options("console-1")).unwrap();
+    assert!(vm.host_pids().is_empty());
+    assert!(vm.take_guest_ram().is_none());
+    let started = std::time::Instant::now();
+    let ended = loop {
+        if let Some(e) = vm.exited() {
+            break e;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the VM did not end"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert_eq!(ended.part, "builtin VMM");
+    assert_eq!(ended.how, "the guest reset the VM");
+    assert_eq!(
+        std::fs::read(dir.path().join("console-1")).unwrap(),
+        b"ok\n"
+    );
+    // Asked again, the same answer.
+    assert_eq!(vm.exited(), Some(ended));
+    // `jmp $`: runs until stopped.
+    let spins = dir.path().join("spins");
+    std::fs::write(&spins, elf_kernel(&[0xeb, 0xfe])).unwrap();
+    let mut vm = launch_machine(&vm_config(&spins, 2), options("console-2")).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(vm.exited(), None, "a spinning guest ended by itself");
+    let started = std::time::Instant::now();
+    vm.kill();
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    let ended = vm.exited().expect("kill waits for the end");
+    assert_eq!(ended.how, "stopped by the supervisor");
+}
+
+/// A launch that cannot reach the supervisor's control socket fails
+/// naming it, before any KVM call.
+#[test]
+fn a_launch_without_the_control_socket_names_it() {
+    use crate::microvm::vmm::Backend;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = vm_config(&dir.path().join("vmlinux"), 1);
+    config.run_dir = dir.path().to_path_buf();
+    config.control_socket = "control.sock".into();
+    config.console_log = dir.path().join("console");
+    let err = super::backend::Builtin
+        .launch(&config)
+        .err()
+        .expect("launched without a control socket")
+        .to_string();
+    assert!(err.contains("control.sock"), "{err}");
+}

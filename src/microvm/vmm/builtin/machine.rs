@@ -11,8 +11,8 @@
 //! file system must not hold up the control channel); the first vCPU to
 //! stop stops the others, kicking them out of `KVM_RUN` with a signal.
 //!
-//! Not yet a [`crate::microvm::vmm::Backend`]: the supervisor's launch of
-//! it is missing ([`super::MISSING`]).
+//! [`super::backend`] puts it behind the backend seam
+//! ([`crate::microvm::vmm::Backend`]).
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
