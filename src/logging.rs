@@ -1,4 +1,5 @@
-//! Runtime log: plain text or runc's JSON lines (`level`, `msg`, `time`),
+//! Runtime log: runc's lines, in its text format (logrus':
+//! `time="…" level=error msg="…"`) or its JSON (`level`, `msg`, `time`),
 //! which containerd's shim reads back to report why a command failed.
 
 use std::collections::HashSet;
@@ -108,17 +109,17 @@ impl<S: Subscriber> Layer<S> for RuncLayer {
                 return;
             }
         }
+        // runc's (logrus') time format: RFC 3339, seconds.
+        let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let line = match self.format {
             LogFormat::Json => {
-                // runc's (logrus') JSON fields and time format (RFC 3339,
-                // seconds), which containerd's go-runc reads back.
-                let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                // The fields containerd's go-runc reads back.
                 let mut s =
                     serde_json::json!({ "level": level, "msg": msg, "time": time }).to_string();
                 s.push('\n');
                 s
             }
-            LogFormat::Text => format!("{level}: {msg}\n"),
+            LogFormat::Text => text_line(&time, level, &fields.msg, &fields.rest),
         };
         match &self.sink {
             Sink::Stderr => {
@@ -131,6 +132,45 @@ impl<S: Subscriber> Layer<S> for RuncLayer {
             }
         }
     }
+}
+
+/// A line in logrus' text format, as runc writes it on stderr or into
+/// `--log`: `time="…" level=… msg=…`, then the other fields.
+fn text_line(time: &str, level: &str, msg: &str, rest: &str) -> String {
+    format!(
+        "time={} level={level} msg={}{rest}\n",
+        quoted(time),
+        quoted(msg)
+    )
+}
+
+/// A value as logrus' text formatter writes it: bare when it holds only
+/// letters, digits and `-._/@^+`, else in double quotes with Go's `%q`
+/// escapes (so a message is always one line).
+fn quoted(value: &str) -> String {
+    let bare = value
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-._/@^+".contains(c));
+    if bare {
+        return value.to_string();
+    }
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// True when the log goes somewhere other than stderr, so the CLI edge must
@@ -157,4 +197,35 @@ pub fn init(log: Option<&Path>, format: LogFormat, debug: bool) -> std::io::Resu
     // A second init (tests) is harmless: the first subscriber stays.
     let _ = tracing_subscriber::registry().with(layer).try_init();
     Ok(LogGuard { to_file })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{quoted, text_line};
+
+    #[test]
+    fn text_lines_are_logrus_lines() {
+        assert_eq!(
+            text_line(
+                "2026-12-05T00:57:55Z",
+                "error",
+                "container does not exist",
+                ""
+            ),
+            "time=\"2026-12-05T00:57:55Z\" level=error msg=\"container does not exist\"\n"
+        );
+        assert_eq!(quoted("plain-word_1.2/x@y^z+"), "plain-word_1.2/x@y^z+");
+        assert_eq!(quoted(""), "");
+        assert_eq!(
+            quoted("say \"hi\"\\ now\nnext\ttab\u{1}"),
+            "\"say \\\"hi\\\"\\\\ now\\nnext\\ttab\\x01\""
+        );
+        // Whatever the message holds, the line is one line.
+        assert_eq!(
+            text_line("t", "warning", "a\nb", " id=\"c1\"")
+                .lines()
+                .count(),
+            1
+        );
+    }
 }
