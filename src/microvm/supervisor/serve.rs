@@ -1078,6 +1078,114 @@ mod tests {
         assert_eq!(f.stdout.0.lock().unwrap().as_slice(), b"hello\n");
     }
 
+    /// Starts `create_member` for `id` on a socket pair; returns the
+    /// relay's end.
+    fn member_relay(f: &Fixture, id: &str) -> (UnixStream, std::thread::JoinHandle<()>) {
+        let (relay, supervisor_end) = UnixStream::pair().unwrap();
+        let shared = f.shared.clone();
+        let id = id.to_string();
+        let handler = std::thread::spawn(move || {
+            create_member(shared, supervisor_end, id, Box::default(), Vec::new())
+        });
+        (relay, handler)
+    }
+
+    #[test]
+    fn a_member_s_stdio_and_exit_reach_its_relay_and_later_requests_name_it() {
+        let mut f = fixture();
+        let (mut relay, handler) = member_relay(&f, "app");
+        let stream = match f.next_request() {
+            HostMessage::CreateMember { id, .. } => id,
+            other => panic!("{other:?}"),
+        };
+        assert_ne!(stream, INIT_STREAM);
+        f.send(&GuestMessage::Reply(Reply::Created { pid: 9 }));
+        let reply: Reply = Frame::read_from(&mut relay)
+            .unwrap()
+            .parse_control()
+            .unwrap();
+        assert_eq!(reply, Reply::Created { pid: 9 });
+        Frame::data(Kind::Stdout, stream, b"from the member\n")
+            .write_to(&mut f.guest)
+            .unwrap();
+        let out = Frame::read_from(&mut relay).unwrap();
+        assert_eq!(
+            (out.kind, out.payload.as_slice()),
+            (Kind::Stdout, &b"from the member\n"[..])
+        );
+        assert!(f.stdout.0.lock().unwrap().is_empty(), "not the sandbox's");
+        // A request about the member names its stream.
+        let shared = f.shared.clone();
+        let asker = std::thread::spawn(move || {
+            let stream = member_stream(&shared, "app").unwrap();
+            answer_member(&shared, "app", stream, &SupervisorRequest::Ps)
+        });
+        assert_eq!(
+            f.next_request(),
+            HostMessage::Member {
+                id: stream,
+                request: MemberRequest::Ps
+            }
+        );
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        assert_eq!(asker.join().unwrap(), Ok(Reply::Ok));
+        assert!(member_stream(&f.shared, "other").is_err());
+        f.send(&GuestMessage::Exit {
+            id: stream,
+            status: 7,
+        });
+        let exit: ExecEvent = Frame::read_from(&mut relay)
+            .unwrap()
+            .parse_control()
+            .unwrap();
+        assert_eq!(exit, ExecEvent::Exit { status: 7 });
+        drop(relay);
+        handler.join().unwrap();
+    }
+
+    #[test]
+    fn a_member_the_guest_answers_with_nonsense_is_refused() {
+        let mut f = fixture();
+        let (mut relay, handler) = member_relay(&f, "app");
+        assert!(matches!(f.next_request(), HostMessage::CreateMember { .. }));
+        f.send(&GuestMessage::Reply(Reply::Pids {
+            pids: vec![1],
+            processes: Vec::new(),
+        }));
+        let reply: Reply = Frame::read_from(&mut relay)
+            .unwrap()
+            .parse_control()
+            .unwrap();
+        assert!(
+            matches!(&reply, Reply::Error { message } if message.contains("answered create")),
+            "{reply:?}"
+        );
+        handler.join().unwrap();
+        assert!(member_stream(&f.shared, "app").is_err(), "not registered");
+    }
+
+    #[test]
+    fn a_member_whose_relay_goes_away_is_killed_whole() {
+        let mut f = fixture();
+        let (relay, handler) = member_relay(&f, "app");
+        let stream = match f.next_request() {
+            HostMessage::CreateMember { id, .. } => id,
+            other => panic!("{other:?}"),
+        };
+        f.send(&GuestMessage::Reply(Reply::Created { pid: 9 }));
+        drop(relay);
+        assert_eq!(
+            f.next_request(),
+            HostMessage::Signal {
+                id: stream,
+                signal: SIGKILL,
+                all: true
+            }
+        );
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        handler.join().unwrap();
+    }
+
     #[test]
     fn an_exit_for_a_stream_never_started_is_a_violation() {
         let mut f = fixture();
