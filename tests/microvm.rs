@@ -969,3 +969,120 @@ fn processes_with_id(f: &Fixture, id: &str) -> Vec<String> {
         .filter(|p| p.contains(&format!(" {id}")))
         .collect()
 }
+
+/// Receives the pty master a runtime sends to the console socket `listener`.
+fn receive_master(listener: &std::os::unix::net::UnixListener) -> std::fs::File {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let (conn, _) = listener.accept().expect("accept on the console socket");
+    let mut buf = [0u8; 256];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg = recvmsg::<()>(
+        conn.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::empty(),
+    )
+    .expect("recvmsg");
+    for c in msg.cmsgs().expect("cmsgs") {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            // SAFETY: the descriptor just arrived by SCM_RIGHTS: ours alone.
+            return unsafe { std::fs::File::from_raw_fd(fds[0]) };
+        }
+    }
+    panic!("no descriptor on the console socket");
+}
+
+/// A pod member with a terminal (`kubectl run -it`): its pty master goes
+/// to the console socket at create, input and a resize reach the shell in
+/// the guest, and its exit status is the relay's.
+#[test]
+fn a_pod_member_with_a_terminal() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let f = require!(microvm());
+    f.write_config(&["sleep", "1000"], |c| {
+        c["annotations"] = serde_json::json!({
+            "io.kubernetes.cri.container-type": "sandbox",
+            "io.kubernetes.cri.sandbox-id": "tty-sb"
+        });
+    });
+    f.create("tty-sb").ok();
+    f.agentvm(&["start", "tty-sb"]).ok();
+    let pause = pid_of(&f, "tty-sb");
+    let member = write_member(&f, "tty", "tty-sb", pause, &["sh"]);
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{member}/config.json")).unwrap()).unwrap();
+    spec["process"]["terminal"] = true.into();
+    spec["mounts"]
+        .as_array_mut()
+        .expect("mounts")
+        .push(serde_json::json!({
+            "destination": "/dev/pts", "type": "devpts", "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]
+        }));
+    std::fs::write(
+        format!("{member}/config.json"),
+        serde_json::to_vec(&spec).unwrap(),
+    )
+    .unwrap();
+    let sock = f.dir.path().join("console.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("console socket");
+    let receiver = std::thread::spawn(move || receive_master(&listener));
+    f.agentvm(&[
+        "create",
+        "--bundle",
+        &member,
+        "--console-socket",
+        sock.to_str().expect("utf-8"),
+        "tty",
+    ])
+    .ok();
+    let mut master = receiver.join().expect("the pty master");
+    f.agentvm(&["start", "tty"]).ok();
+    let size = libc::winsize {
+        ws_row: 41,
+        ws_col: 101,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ on the pty master we own, with a valid winsize.
+    let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    assert_eq!(rc, 0, "resize the pty");
+    let mut reader = master.try_clone().expect("clone master");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = seen.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let found = wait_for(60, || {
+        master.write_all(b"stty size; echo sum-$((20+22))\n").ok()?;
+        std::thread::sleep(Duration::from_millis(500));
+        let text = seen.lock().unwrap().clone();
+        (text.contains("41 101") && text.contains("sum-42")).then_some(())
+    });
+    assert!(
+        found.is_some(),
+        "the terminal's output: {:?}",
+        seen.lock().unwrap()
+    );
+    master.write_all(b"exit 3\n").expect("exit");
+    wait_for_status(&f, "tty", "stopped");
+    let recorded: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(f.root().join("tty/microvm.json")).expect("microvm.json"),
+    )
+    .expect("json");
+    assert_eq!(recorded["exit_status"], 3, "{recorded}");
+    f.agentvm(&["delete", "tty"]).ok();
+    f.agentvm(&["delete", "--force", "tty-sb"]).ok();
+    assert_nothing_left(&f, "tty-sb");
+}
