@@ -6,9 +6,9 @@
 //! shim (the reference) and with agentvm's shim in the container tier, in
 //! the same run.
 //!
-//! A pod in the microvm tier is not one VM yet (issue 11): each container
-//! would boot its own, and `localhost` would not join them; those cases
-//! come with the pod VM.
+//! In the microvm tier a pod is one microVM (issue 11):
+//! `a_pod_in_the_microvm_tier_is_one_vm` runs the same kinds of cases
+//! against a pod whose containers share the sandbox's VM.
 //!
 //!     cargo build --release -p agentvm-shim
 //!     cargo test --release --test cri -- --nocapture
@@ -263,13 +263,47 @@ fn removing_one_container_leaves_the_others_running() {
     }
 }
 
-/// In the microvm tier a pod's sandbox boots in its own microVM (its
-/// kernel is not the host's), and a container CRI adds to the pod is
-/// refused by name until the pod's VM exists (a VM per container would not
-/// share the pod's `localhost`), leaving the pod removable with nothing
-/// left behind.
+/// Mounts of this machine (the test's mount namespace, the host's) whose
+/// line names any of `ids`.
+fn mounts_naming(ids: &[&str]) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| ids.iter().any(|id| l.contains(id)))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The first process whose command line is agentvm's `supervise <id>`.
+fn supervisor_of(id: &str) -> Option<i32> {
+    common::bundle::processes_with(&format!("supervise {id}"))
+        .iter()
+        .filter(|p| !p.contains("containerd-shim"))
+        .find_map(|p| p.split_whitespace().next()?.parse().ok())
+}
+
+/// The network interfaces of the namespace `ns` (a descriptor of this
+/// process), by `ip -o link` in it.
+fn links_in(ns: &std::fs::File) -> String {
+    use std::os::fd::AsRawFd;
+    let path = format!("/proc/{}/fd/{}", std::process::id(), ns.as_raw_fd());
+    let out = common::cmd::run(
+        std::process::Command::new("nsenter")
+            .arg(format!("--net={path}"))
+            .args(["ip", "-o", "link"]),
+    );
+    assert!(out.success(), "ip link in the pod's namespace: {out}");
+    out.stdout
+}
+
+/// In the microvm tier a pod is one microVM: the sandbox boots it and the
+/// pod's other containers run inside it (issue 11). Two containers talk
+/// over `localhost` and see the same guest kernel (not the host's);
+/// ExecSync runs in each; a third container's exit code and its CRI log;
+/// removing one container leaves the other running; StopPodSandbox and
+/// RemovePodSandbox leave no process, mount, tap or cgroup of the pod.
 #[test]
-fn a_pod_in_the_microvm_tier_refuses_a_second_container_by_name() {
+fn a_pod_in_the_microvm_tier_is_one_vm() {
     if let Some(why) = common::guest::unavailable() {
         eprintln!("skipped: {why}");
         return;
@@ -277,16 +311,195 @@ fn a_pod_in_the_microvm_tier_refuses_a_second_container_by_name() {
     let c = require!(cri());
     let handler = HANDLER_AGENTVM;
     let pod = run_pod(c, "pod-vm", handler, &[(ISOLATION_ANNOTATION, "microvm")]);
-    let err = c
-        .start_container(&pod, "app", &["sleep", "1000"], &[])
-        .expect_err("a second container of a microvm-tier pod was started");
-    assert!(
-        err.contains("one microVM for the whole pod")
-            && err.contains("io.agentvm.isolation=container"),
-        "{err}"
-    );
-    // The sandbox itself runs, in a microVM: the pod's shim lists it.
-    let shims = agentvm_shims_for(&[&pod.id]);
+    let server = c
+        .start_container(
+            &pod,
+            "server",
+            &[
+                "sh",
+                "-c",
+                "mkdir -p /tmp/w && echo hello-from-the-vm > /tmp/w/index.html \
+                 && exec httpd -f -p 8080 -h /tmp/w",
+            ],
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("server: {e}"));
+    let client = c
+        .start_container(&pod, "client", &["sleep", "1000"], &[])
+        .unwrap_or_else(|e| panic!("client: {e}"));
+    // One VM: the pod's sandbox has a supervisor, its containers do not
+    // (each has a relay into the sandbox's VM), and one shim serves them.
+    let sandbox_supervisor = supervisor_of(&pod.id)
+        .unwrap_or_else(|| panic!("no supervisor for the pod's sandbox {}", pod.id));
+    let shims = agentvm_shims_for(&[&pod.id, &server, &client]);
     assert_eq!(shims.len(), 1, "agentvm shims for the pod: {shims:?}");
-    remove_and_check(c, handler, &pod, &[]);
+    let qemus = common::bundle::processes_with("qemu-system-x86_64");
+    let ours: Vec<&String> = qemus
+        .iter()
+        .filter(|p| {
+            [&pod.id, &server, &client]
+                .iter()
+                .any(|id| p.contains(id.as_str()))
+        })
+        .collect();
+    assert_eq!(ours.len(), 1, "one VM for the pod: {ours:?}");
+    assert!(
+        ours[0].contains(&pod.id),
+        "the VM is the sandbox's: {ours:?}"
+    );
+    // The pod's network namespace, held so its taps can be looked at after
+    // the pod is gone.
+    let netns = std::fs::File::open(format!("/proc/{sandbox_supervisor}/ns/net"))
+        .expect("the pod's network namespace");
+    assert!(
+        links_in(&netns).contains("avtap"),
+        "the VM's tap in the pod's namespace"
+    );
+
+    // localhost joins the two containers: one kernel, one network.
+    let fetched = common::wait_for(30, || {
+        let r = c
+            .exec_sync(&client, &["wget", "-q", "-O-", "http://127.0.0.1:8080/"])
+            .ok()?;
+        (r.exit_code == 0).then_some(r)
+    })
+    .expect("the client never reached the server over localhost");
+    assert_eq!(fetched.stdout, "hello-from-the-vm\n");
+    let host_version = std::fs::read_to_string("/proc/version").expect("/proc/version");
+    let versions: Vec<String> = [&server, &client]
+        .iter()
+        .map(|id| {
+            let r = c
+                .exec_sync(id, &["cat", "/proc/version"])
+                .unwrap_or_else(|e| panic!("{id}: {e}"));
+            assert_eq!(r.exit_code, 0, "{id}: {r:?}");
+            r.stdout
+        })
+        .collect();
+    assert_eq!(versions[0], versions[1], "one guest kernel for the pod");
+    assert_ne!(
+        versions[0], host_version,
+        "the guest's kernel is not the host's"
+    );
+    // The pod's pid namespace, as CRI asks by default (NamespaceMode POD:
+    // the pause process's, named by its host path): in the VM it is the
+    // sandbox container's, whose init (the pause image's sleep) is 1, and
+    // the client sees the server's httpd.
+    for id in [&server, &client] {
+        let r = c
+            .exec_sync(id, &["cat", "/proc/1/comm"])
+            .unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert_eq!(r.stdout.trim(), "sleep", "{id}: {r:?}");
+    }
+    let r = c
+        .exec_sync(&client, &["sh", "-c", "cat /proc/[0-9]*/comm"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(r.stdout.lines().any(|l| l == "httpd"), "{r:?}");
+    let r = c
+        .exec_sync(
+            &client,
+            &["sh", "-c", "echo to-out; echo to-err >&2; exit 3"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (r.exit_code, r.stdout.as_str(), r.stderr.as_str()),
+        (3, "to-out\n", "to-err\n")
+    );
+    let r = c
+        .exec_sync(&server, &["sh", "-c", "echo $AGENTVM_TEST"])
+        .unwrap();
+    assert_eq!(r.stdout, "server\n", "the server's own environment");
+
+    // A container that exits: its code, and its output in CRI's log format.
+    let failing = c
+        .start_container(
+            &pod,
+            "failing",
+            &["sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 7"],
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("failing: {e}"));
+    let state = c
+        .wait_exited(&failing, 60)
+        .unwrap_or_else(|e| panic!("failing: {e}"));
+    assert_eq!(
+        (state.exit_code, state.reason.as_str()),
+        (7, "Error"),
+        "{state:?}"
+    );
+    let log = std::fs::read_to_string(pod.log_dir.join("failing.log"))
+        .unwrap_or_else(|e| panic!("no container log: {e}"));
+    let mut lines: Vec<(String, String, String)> = log
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.splitn(4, ' ').collect();
+            assert_eq!(f.len(), 4, "log line {l:?}");
+            assert!(f[0].contains('T') && f[0].len() >= 20, "time {:?}", f[0]);
+            (f[1].to_string(), f[2].to_string(), f[3].to_string())
+        })
+        .collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        vec![
+            ("stderr".into(), "F".into(), "to-stderr".into()),
+            ("stdout".into(), "F".into(), "to-stdout".into()),
+        ],
+        "{log}"
+    );
+    c.remove_container(&failing)
+        .unwrap_or_else(|e| panic!("remove failing: {e}"));
+
+    // Removing the server leaves the client running, in the same VM.
+    c.remove_container(&server)
+        .unwrap_or_else(|e| panic!("remove server: {e}"));
+    assert_eq!(c.containers_of(&pod).unwrap(), vec![client.clone()]);
+    let gone = common::wait_for(20, || {
+        (common::bundle::processes_with(&server).is_empty() && mounts_naming(&[&server]).is_empty())
+            .then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "the removed container left processes {:?} or mounts {:?}",
+        common::bundle::processes_with(&server),
+        mounts_naming(&[&server])
+    );
+    let r = c
+        .exec_sync(&client, &["echo", "still-here"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((r.exit_code, r.stdout.as_str()), (0, "still-here\n"));
+    assert_eq!(
+        c.container_state(&client).unwrap().state,
+        "CONTAINER_RUNNING"
+    );
+    let r = c
+        .exec_sync(
+            &client,
+            &["wget", "-q", "-O-", "-T", "2", "http://127.0.0.1:8080/"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(r.exit_code, 0, "the removed server still answers: {r:?}");
+
+    remove_and_check(c, handler, &pod, &[&server, &client, &failing]);
+    let ids = [pod.id.as_str(), &server, &client, &failing];
+    let left = common::wait_for(20, || {
+        (mounts_naming(&ids).is_empty()
+            && ids
+                .iter()
+                .all(|id| common::bundle::cgroups_named(id).is_empty()))
+        .then_some(())
+    });
+    assert!(
+        left.is_some(),
+        "after RemovePodSandbox: mounts {:?}, cgroups {:?}",
+        mounts_naming(&ids),
+        ids.iter()
+            .flat_map(|id| common::bundle::cgroups_named(id))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        !links_in(&netns).contains("avtap"),
+        "the VM's tap is left in the pod's namespace: {}",
+        links_in(&netns)
+    );
 }

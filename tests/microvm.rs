@@ -735,3 +735,354 @@ fn guest_cannot_reach_host_files_through_the_share() {
     );
     assert_nothing_left(&f, "mv-escape");
 }
+
+/// Writes a bundle in `name` (beside the fixture's own) for a further
+/// container of the CRI pod whose sandbox is `sandbox` (its supervisor
+/// `pause`): CRI's annotations, the sandbox's network, IPC and UTS
+/// namespaces by their host paths, and the out directory at /out.
+fn write_member(f: &Fixture, name: &str, sandbox: &str, pause: i32, args: &[&str]) -> String {
+    let dir = f.dir.path().join(name);
+    std::fs::create_dir_all(&dir).expect("member bundle");
+    let out = out_dir(f);
+    let spec = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": args,
+            "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", format!("MEMBER={name}")],
+            "cwd": "/"
+        },
+        "root": {"path": common::rootfs::unpacked(), "readonly": true},
+        "annotations": {
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.sandbox-id": sandbox
+        },
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "mode=755"]},
+            {"destination": "/out", "type": "bind", "source": out,
+             "options": ["rbind", "rw"]}
+        ],
+        "linux": {
+            "namespaces": [
+                {"type": "pid"}, {"type": "mount"},
+                {"type": "network", "path": format!("/proc/{pause}/ns/net")},
+                {"type": "ipc", "path": format!("/proc/{pause}/ns/ipc")},
+                {"type": "uts", "path": format!("/proc/{pause}/ns/uts")}
+            ]
+        }
+    });
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_vec_pretty(&spec).expect("json"),
+    )
+    .expect("write member config");
+    dir.to_str().expect("utf-8").to_string()
+}
+
+/// Mounts of the sandbox's supervisor (its private mount namespace) below
+/// its share's `pod/` directory.
+fn pod_mounts(pause: i32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pause}/mountinfo"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(4)
+                .is_some_and(|m| m.contains("/share/pod/"))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// A Kubernetes pod is one microVM (issue 11), through agentvm's command
+/// line as containerd's shim drives it: the sandbox boots the VM, a
+/// further container of the pod runs in it (the same guest kernel, not
+/// the host's; the pod's localhost; its own pid namespace; its volume
+/// through the sandbox's share), with its own pid (a relay), stdio, exec,
+/// signals, exit status and delete; bad members are refused with one
+/// clear error; deleting the sandbox stops what is left of the pod.
+#[test]
+fn a_pod_member_runs_in_its_sandbox_s_vm() {
+    let f = require!(microvm());
+    // The sandbox serves http on the pod's localhost.
+    f.write_config(
+        &[
+            "sh",
+            "-c",
+            "mkdir -p /dev/w && echo hello-pod > /dev/w/index.html && exec httpd -f -p 8080 -h /dev/w",
+        ],
+        |c| {
+            c["annotations"] = serde_json::json!({
+                "io.kubernetes.cri.container-type": "sandbox",
+                "io.kubernetes.cri.sandbox-id": "pod-sb"
+            });
+        },
+    );
+    f.create("pod-sb").ok();
+    f.agentvm(&["start", "pod-sb"]).ok();
+    let pause = pid_of(&f, "pod-sb");
+
+    // Refused with one clear error, nothing left: an unknown sandbox, and
+    // a namespace that is not the sandbox's (the host's own).
+    let bad = write_member(&f, "bad", "no-such-pod", pause, &["true"]);
+    let out = f.agentvm(&["create", "--bundle", &bad, "bad"]);
+    assert_one_clear_error(&f, &out, "pod sandbox no-such-pod does not exist");
+    let host_ns = write_member(&f, "hostns", "pod-sb", 1, &["true"]);
+    let out = f.agentvm(&["create", "--bundle", &host_ns, "hostns"]);
+    assert_one_clear_error(&f, &out, "not the namespace of pod sandbox pod-sb");
+    assert_eq!(f.leftovers(), vec!["pod-sb".to_string()]);
+
+    let member = write_member(
+        &f,
+        "app",
+        "pod-sb",
+        pause,
+        &[
+            "sh",
+            "-c",
+            "cat /proc/version > /out/version; echo to-stdout; echo to-stderr >&2; \
+             read line; echo \"got $line\" > /out/stdin; sleep 1000",
+        ],
+    );
+    let pid_file = f.dir.path().join("app.pid");
+    let mut cmd = f.command(&[
+        "create",
+        "--bundle",
+        &member,
+        "--pid-file",
+        pid_file.to_str().expect("utf-8"),
+        "app",
+    ]);
+    let stdout = f.dir.path().join("app.stdout");
+    let stderr = f.dir.path().join("app.stderr");
+    let (stdin_read, mut stdin_write) = std::io::pipe().expect("pipe");
+    cmd.stdin(stdin_read)
+        .stdout(std::fs::File::create(&stdout).expect("stdout"))
+        .stderr(std::fs::File::create(&stderr).expect("stderr"));
+    let status = cmd.status().expect("agentvm create");
+    assert!(
+        status.success(),
+        "create app: {}",
+        std::fs::read_to_string(&stderr).unwrap_or_default()
+    );
+    let state = f.state("app");
+    assert_eq!(state["status"], "created", "{state}");
+    let relay = pid_of(&f, "app");
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).expect("pid file").trim(),
+        relay.to_string()
+    );
+    assert_ne!(relay, pause, "the member has a pid of its own");
+    f.agentvm(&["start", "app"]).ok();
+    assert_eq!(f.state("app")["status"], "running");
+    use std::io::Write;
+    stdin_write.write_all(b"a line\n").expect("write stdin");
+    drop(stdin_write);
+
+    // One guest kernel for the pod, not the host's.
+    let version = wait_for_file(&f, "version");
+    let host_version = std::fs::read_to_string("/proc/version").expect("/proc/version");
+    assert_ne!(
+        version, host_version,
+        "the member runs on the host's kernel"
+    );
+    let sandbox_version = f.agentvm(&["exec", "pod-sb", "cat", "/proc/version"]).ok();
+    assert_eq!(sandbox_version.stdout, version, "two kernels in one pod");
+    assert_eq!(wait_for_file(&f, "stdin"), "got a line\n");
+    let printed = wait_for(30, || {
+        let out = std::fs::read_to_string(&stdout).unwrap_or_default();
+        let err = std::fs::read_to_string(&stderr).unwrap_or_default();
+        (out == "to-stdout\n" && err == "to-stderr\n").then_some(())
+    });
+    assert!(
+        printed.is_some(),
+        "the member's stdio: {:?} / {:?}",
+        std::fs::read_to_string(&stdout),
+        std::fs::read_to_string(&stderr)
+    );
+
+    // exec lands in the member: its own pid namespace and environment,
+    // the pod's localhost.
+    // (sh runs its last command in its own place.)
+    let out = f.agentvm(&["exec", "app", "cat", "/proc/1/cmdline"]).ok();
+    assert_eq!(out.stdout, "sleep\u{0}1000\u{0}", "{out}");
+    let out = f.agentvm(&["exec", "app", "sh", "-c", "echo $MEMBER"]).ok();
+    assert_eq!(out.stdout, "app\n");
+    let out = f
+        .agentvm(&["exec", "app", "wget", "-q", "-O-", "http://127.0.0.1:8080/"])
+        .ok();
+    assert_eq!(out.stdout, "hello-pod\n", "the pod's localhost");
+    let out = f.agentvm(&["exec", "app", "sh", "-c", "exit 5"]);
+    assert_eq!(out.code, 5, "{out}");
+    let ps = f.agentvm(&["ps", "--format", "json", "app"]).ok();
+    assert_eq!(ps.stdout.trim(), format!("[{relay}]"));
+    let table = f.agentvm(&["ps", "app"]).ok();
+    assert!(table.stdout.contains("sleep 1000"), "{table}");
+    assert!(!table.stdout.contains("httpd"), "the sandbox's: {table}");
+    let out = f.agentvm(&["pause", "app"]);
+    assert_one_clear_error(
+        &f,
+        &out,
+        "pausing one container of a pod is not implemented",
+    );
+    assert_eq!(
+        pod_mounts(pause).len(),
+        2,
+        "rootfs and /out: {:?}",
+        pod_mounts(pause)
+    );
+
+    // A signal reaches the member's processes; its status is the relay's.
+    f.agentvm(&["kill", "app", "KILL"]).ok();
+    wait_for_status(&f, "app", "stopped");
+    let recorded: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(f.root().join("app/microvm.json")).expect("microvm.json"),
+    )
+    .expect("json");
+    assert_eq!(recorded["exit_status"], 137, "{recorded}");
+    f.agentvm(&["delete", "app"]).ok();
+    assert!(pod_mounts(pause).is_empty(), "{:?}", pod_mounts(pause));
+    // The sandbox is untouched.
+    let out = f.agentvm(&["exec", "pod-sb", "echo", "still-here"]).ok();
+    assert_eq!(out.stdout, "still-here\n");
+    assert_eq!(processes_with_id(&f, "app"), Vec::<String>::new());
+
+    // Deleting the sandbox ends the VM: a member still running stops (as
+    // a VM that went away: 255) and is deleted as any stopped container.
+    let last = write_member(&f, "last", "pod-sb", pause, &["sleep", "1000"]);
+    f.agentvm(&["create", "--bundle", &last, "last"]).ok();
+    f.agentvm(&["start", "last"]).ok();
+    f.agentvm(&["delete", "--force", "pod-sb"]).ok();
+    wait_for_status(&f, "last", "stopped");
+    f.agentvm(&["delete", "last"]).ok();
+    assert_nothing_left(&f, "pod-sb");
+    assert_eq!(processes_with_id(&f, "last"), Vec::<String>::new());
+}
+
+/// Processes whose command line names `id` in this fixture's state root.
+fn processes_with_id(f: &Fixture, id: &str) -> Vec<String> {
+    common::bundle::processes_with(&format!("{} ", f.root().display()))
+        .into_iter()
+        .filter(|p| p.contains(&format!(" {id}")))
+        .collect()
+}
+
+/// Receives the pty master a runtime sends to the console socket `listener`.
+fn receive_master(listener: &std::os::unix::net::UnixListener) -> std::fs::File {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let (conn, _) = listener.accept().expect("accept on the console socket");
+    let mut buf = [0u8; 256];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg = recvmsg::<()>(
+        conn.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::empty(),
+    )
+    .expect("recvmsg");
+    for c in msg.cmsgs().expect("cmsgs") {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            // SAFETY: the descriptor just arrived by SCM_RIGHTS: ours alone.
+            return unsafe { std::fs::File::from_raw_fd(fds[0]) };
+        }
+    }
+    panic!("no descriptor on the console socket");
+}
+
+/// A pod member with a terminal (`kubectl run -it`): its pty master goes
+/// to the console socket at create, input and a resize reach the shell in
+/// the guest, and its exit status is the relay's.
+#[test]
+fn a_pod_member_with_a_terminal() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let f = require!(microvm());
+    f.write_config(&["sleep", "1000"], |c| {
+        c["annotations"] = serde_json::json!({
+            "io.kubernetes.cri.container-type": "sandbox",
+            "io.kubernetes.cri.sandbox-id": "tty-sb"
+        });
+    });
+    f.create("tty-sb").ok();
+    f.agentvm(&["start", "tty-sb"]).ok();
+    let pause = pid_of(&f, "tty-sb");
+    let member = write_member(&f, "tty", "tty-sb", pause, &["sh"]);
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{member}/config.json")).unwrap()).unwrap();
+    spec["process"]["terminal"] = true.into();
+    spec["mounts"]
+        .as_array_mut()
+        .expect("mounts")
+        .push(serde_json::json!({
+            "destination": "/dev/pts", "type": "devpts", "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]
+        }));
+    std::fs::write(
+        format!("{member}/config.json"),
+        serde_json::to_vec(&spec).unwrap(),
+    )
+    .unwrap();
+    let sock = f.dir.path().join("console.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("console socket");
+    let receiver = std::thread::spawn(move || receive_master(&listener));
+    f.agentvm(&[
+        "create",
+        "--bundle",
+        &member,
+        "--console-socket",
+        sock.to_str().expect("utf-8"),
+        "tty",
+    ])
+    .ok();
+    let mut master = receiver.join().expect("the pty master");
+    f.agentvm(&["start", "tty"]).ok();
+    let size = libc::winsize {
+        ws_row: 41,
+        ws_col: 101,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ on the pty master we own, with a valid winsize.
+    let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    assert_eq!(rc, 0, "resize the pty");
+    let mut reader = master.try_clone().expect("clone master");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = seen.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let found = wait_for(60, || {
+        master.write_all(b"stty size; echo sum-$((20+22))\n").ok()?;
+        std::thread::sleep(Duration::from_millis(500));
+        let text = seen.lock().unwrap().clone();
+        (text.contains("41 101") && text.contains("sum-42")).then_some(())
+    });
+    assert!(
+        found.is_some(),
+        "the terminal's output: {:?}",
+        seen.lock().unwrap()
+    );
+    master.write_all(b"exit 3\n").expect("exit");
+    wait_for_status(&f, "tty", "stopped");
+    let recorded: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(f.root().join("tty/microvm.json")).expect("microvm.json"),
+    )
+    .expect("json");
+    assert_eq!(recorded["exit_status"], 3, "{recorded}");
+    f.agentvm(&["delete", "tty"]).ok();
+    f.agentvm(&["delete", "--force", "tty-sb"]).ok();
+    assert_nothing_left(&f, "tty-sb");
+}

@@ -118,9 +118,10 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
             "available: qemu microvm, {} ({}), IPv4 and IPv6 networking routed through the \
              container's namespace, egress policy by address and by name (--egress; a proxy checks TLS SNI and HTTP Host); refused: the host's network \
              (--network host); update of the memory limit past what the VM booted for, up to \
-             microvm.memory_ceiling_mib (a balloon); not implemented yet: joining host \
-             namespaces by path, update of vCPUs after create, a Kubernetes pod's second \
-             container (a pod in one microVM)",
+             microvm.memory_ceiling_mib (a balloon); a Kubernetes pod is one microVM (a CRI \
+             pod's further containers run in its sandbox's VM, each in its own mount, pid and \
+             cgroup namespaces); not implemented yet: joining host namespaces by path, \
+             update of vCPUs after create, pausing one container of a pod",
             h.accel.as_str(),
             h.accel_reason
         ),

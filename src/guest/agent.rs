@@ -35,6 +35,9 @@ pub struct Agent {
     pub(super) streams: BTreeMap<u32, Stream>,
     /// The container's network namespace, once `Network` configured it.
     pub(super) netns: Option<std::path::PathBuf>,
+    /// The pod's further containers: their init's stream id and their id
+    /// in the container tier here.
+    pub(super) members: BTreeMap<u32, String>,
     buf: Vec<u8>,
 }
 
@@ -74,6 +77,7 @@ impl Agent {
             share_error,
             streams: BTreeMap::new(),
             netns: None,
+            members: BTreeMap::new(),
             buf: vec![0u8; OUTPUT_CHUNK],
         })
     }

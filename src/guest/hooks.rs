@@ -44,10 +44,23 @@ impl Agent {
     /// `RunHooks`: the startContainer hooks of the created container.
     pub(super) fn run_hooks(
         &mut self,
+        guest_id: &str,
         hooks: Vec<Hook>,
         state: OciState,
     ) -> Result<Reply, RequestError> {
-        let Some(init) = self.streams.get(&INIT_STREAM).filter(|s| s.running()) else {
+        // The container's init: stream 0 for the VM's own, its member
+        // stream for a pod's further container.
+        let stream = self
+            .members
+            .iter()
+            .find(|(_, g)| g.as_str() == guest_id)
+            .map(|(&id, _)| id)
+            .unwrap_or(INIT_STREAM);
+        let bundle = match stream {
+            INIT_STREAM => PathBuf::from(BUNDLE_DIR),
+            _ => PathBuf::from(format!("{}/{guest_id}", super::requests::MEMBER_BUNDLES)),
+        };
+        let Some(init) = self.streams.get(&stream).filter(|s| s.running()) else {
             return Err(RequestError::Refused(
                 "cannot run startContainer hooks: the container's init is not running".into(),
             ));
@@ -59,7 +72,7 @@ impl Agent {
             state.bundle.clone(),
         );
         lc_state.annotations = Some(state.annotations).filter(|a| !a.is_empty());
-        let env = process_env(&Path::new(BUNDLE_DIR).join("config.json"));
+        let env = process_env(&bundle.join("config.json"));
         run_in_namespaces(init.pid, &hooks, &lc_state, &env).map_err(RequestError::Refused)?;
         Ok(Reply::Ok)
     }

@@ -16,7 +16,9 @@ use crate::container::create::CreateOptions;
 use crate::container::exec::ExecOptions;
 use crate::container::tty::{ConsoleSocket, TtyError};
 use crate::container::{lc_error, status_str, ContainerError};
-use crate::protocol::{GuestProcess, GuestStats, HostMessage, Reply, INIT_STREAM};
+use crate::protocol::{
+    GuestProcess, GuestStats, HostMessage, MemberRequest, PodNamespace, Reply, INIT_STREAM,
+};
 
 /// A request that failed; its text is the Reply::Error message, worded as
 /// runc would word it where runc has an equivalent.
@@ -62,15 +64,17 @@ impl Agent {
         let result = match msg {
             HostMessage::Network { network } => self.network(network),
             HostMessage::Create { spec } => self.create(*spec),
-            HostMessage::Start => self.start(),
-            HostMessage::RunHooks { hooks, state } => self.run_hooks(hooks, state),
-            HostMessage::Exec { id, process } => self.exec(id, *process),
+            HostMessage::Start => self.start(CONTAINER_ID),
+            HostMessage::RunHooks { hooks, state } => self.run_hooks(CONTAINER_ID, hooks, state),
+            HostMessage::Exec { id, process } => self.exec(CONTAINER_ID, id, *process),
             HostMessage::Signal { id, signal, all } => self.signal(id, signal, all),
             HostMessage::Resize { id, rows, cols } => self.resize(id, rows, cols),
-            HostMessage::Ps => self.ps(),
-            HostMessage::Stats => self.stats(),
-            HostMessage::Update { resources } => self.update(*resources),
+            HostMessage::Ps => self.ps(CONTAINER_ID),
+            HostMessage::Stats => self.stats(CONTAINER_ID),
+            HostMessage::Update { resources } => self.update(CONTAINER_ID, *resources),
             HostMessage::Shutdown => Ok(Reply::Ok),
+            HostMessage::CreateMember { id, spec, join } => self.create_member(id, *spec, &join),
+            HostMessage::Member { id, request } => self.member(id, request),
         };
         result.unwrap_or_else(|e| Reply::Error {
             message: e.to_string(),
@@ -100,10 +104,89 @@ impl Agent {
             return Err(RequestError::Refused(e.clone()));
         }
         let spec = guest_spec(spec, self.netns.as_deref());
-        let bundle_dir = Path::new(BUNDLE_DIR);
-        std::fs::create_dir_all(bundle_dir).map_err(io(format!("cannot create {BUNDLE_DIR}")))?;
+        self.create_container(CONTAINER_ID, Path::new(BUNDLE_DIR), &spec, INIT_STREAM)
+    }
+
+    /// A further container of the pod, whose init is stream `id`, in the
+    /// namespaces `join` names of the VM's own container.
+    fn create_member(
+        &mut self,
+        id: u32,
+        spec: Spec,
+        join: &[PodNamespace],
+    ) -> Result<Reply, RequestError> {
+        if id == INIT_STREAM || self.streams.contains_key(&id) || self.members.contains_key(&id) {
+            return Err(RequestError::Refused(format!(
+                "stream {id} cannot be a member's init: it is 0 or in use"
+            )));
+        }
+        if let Some(e) = &self.share_error {
+            return Err(RequestError::Refused(e.clone()));
+        }
+        // The pod's namespaces are the sandbox container's: its init must
+        // exist (it does while the VM serves the pod).
+        let sandbox = crate::container::load(&self.ctx, CONTAINER_ID)?;
+        let sandbox_pid = sandbox.pid().ok_or_else(|| {
+            RequestError::Refused("the pod's sandbox container has no process".into())
+        })?;
+        let spec = member_spec(spec, join, sandbox_pid.as_raw(), self.netns.as_deref());
+        let guest_id = member_id(id);
+        let bundle_dir = PathBuf::from(format!("{MEMBER_BUNDLES}/{guest_id}"));
+        let reply = self.create_container(&guest_id, &bundle_dir, &spec, id);
+        match &reply {
+            Ok(_) => {
+                self.members.insert(id, guest_id);
+            }
+            Err(_) => {
+                let _ = std::fs::remove_dir_all(&bundle_dir);
+            }
+        }
+        reply
+    }
+
+    /// A request about member `id`.
+    fn member(&mut self, id: u32, request: MemberRequest) -> Result<Reply, RequestError> {
+        let Some(guest_id) = self.members.get(&id).cloned() else {
+            return Err(RequestError::Refused(format!(
+                "stream {id} is not a member container of this pod"
+            )));
+        };
+        match request {
+            MemberRequest::Start => self.start(&guest_id),
+            MemberRequest::RunHooks { hooks, state } => self.run_hooks(&guest_id, hooks, state),
+            MemberRequest::Exec { stream, process } => self.exec(&guest_id, stream, *process),
+            MemberRequest::Ps => self.ps(&guest_id),
+            MemberRequest::Stats => self.stats(&guest_id),
+            MemberRequest::Update { resources } => self.update(&guest_id, *resources),
+            MemberRequest::Delete => self.delete_member(id, &guest_id),
+        }
+    }
+
+    /// Kills what is left of member `id` and removes it; the agent's loop
+    /// reports its init's exit (if it had not) as for any stream.
+    fn delete_member(&mut self, id: u32, guest_id: &str) -> Result<Reply, RequestError> {
+        if self.ctx.container_dir(guest_id).exists() {
+            let mut container = crate::container::load(&self.ctx, guest_id)?;
+            crate::container::delete::delete(&mut container, true)?;
+        }
+        let _ = std::fs::remove_dir_all(format!("{MEMBER_BUNDLES}/{guest_id}"));
+        self.members.remove(&id);
+        Ok(Reply::Ok)
+    }
+
+    /// Creates container `guest_id` from `spec` in `bundle_dir`, its init
+    /// as stream `stream`.
+    fn create_container(
+        &mut self,
+        guest_id: &str,
+        bundle_dir: &Path,
+        spec: &Spec,
+        stream: u32,
+    ) -> Result<Reply, RequestError> {
+        std::fs::create_dir_all(bundle_dir)
+            .map_err(io(format!("cannot create {}", bundle_dir.display())))?;
         let config = bundle_dir.join("config.json");
-        let text = serde_json::to_vec(&spec)
+        let text = serde_json::to_vec(spec)
             .map_err(|e| RequestError::Refused(format!("cannot encode the spec: {e}")))?;
         std::fs::write(&config, text).map_err(io(format!("cannot write {}", config.display())))?;
         let bundle = Bundle::load(bundle_dir)?;
@@ -118,7 +201,11 @@ impl Agent {
             ..Default::default()
         };
         let stdio = if terminal {
-            let socket = ConsoleSocket::bind(Path::new(AGENT_DIR), "init")?;
+            let name = match stream {
+                INIT_STREAM => "init".to_string(),
+                n => format!("init-{n}"),
+            };
+            let socket = ConsoleSocket::bind(Path::new(AGENT_DIR), &name)?;
             opts.console_socket = Some(socket.path().to_path_buf());
             Stdio::Pty(socket)
         } else {
@@ -128,20 +215,24 @@ impl Agent {
             opts.stderr = Some(child.stderr);
             Stdio::Pipes(parent)
         };
-        let container = {
+        let created = {
             let _unblocked = SigchldUnblocked::new().map_err(sys("cannot unblock SIGCHLD"))?;
-            crate::container::create::create(&self.ctx, CONTAINER_ID, &bundle, opts)?
+            crate::container::create::create(&self.ctx, guest_id, &bundle, opts)
         };
+        // The container tier works in the bundle, as runc does; a member's
+        // bundle goes with it, and the agent's directory must not.
+        let _ = std::env::set_current_dir(AGENT_DIR);
+        let container = created?;
         let pid = container.pid().ok_or_else(|| {
             RequestError::Refused("the container was created without a process".into())
         })?;
-        let stream = new_stream(pid, stdio)?;
-        self.streams.insert(INIT_STREAM, stream);
+        let process = new_stream(pid, stdio)?;
+        self.streams.insert(stream, process);
         Ok(Reply::Created { pid: pid.as_raw() })
     }
 
-    fn start(&mut self) -> Result<Reply, RequestError> {
-        let mut container = crate::container::load(&self.ctx, CONTAINER_ID)?;
+    fn start(&mut self, guest_id: &str) -> Result<Reply, RequestError> {
+        let mut container = crate::container::load(&self.ctx, guest_id)?;
         match container.status() {
             ContainerStatus::Created => {}
             ContainerStatus::Stopped => {
@@ -151,7 +242,7 @@ impl Agent {
             }
             other => {
                 return Err(RequestError::Refused(format!(
-                    "cannot start container {CONTAINER_ID} in status {}: only a created container can be started",
+                    "cannot start container {guest_id} in status {}: only a created container can be started",
                     status_str(other)
                 )))
             }
@@ -160,13 +251,13 @@ impl Agent {
         Ok(Reply::Ok)
     }
 
-    fn exec(&mut self, id: u32, process: Process) -> Result<Reply, RequestError> {
+    fn exec(&mut self, guest_id: &str, id: u32, process: Process) -> Result<Reply, RequestError> {
         if id == INIT_STREAM {
             return Err(RequestError::Refused(
                 "exec stream ids start at 1 (0 is the container's init)".into(),
             ));
         }
-        if self.streams.contains_key(&id) {
+        if self.streams.contains_key(&id) || self.members.contains_key(&id) {
             return Err(RequestError::Refused(format!(
                 "exec stream {id} is still in use"
             )));
@@ -180,13 +271,14 @@ impl Agent {
         let text = serde_json::to_vec(&process)
             .map_err(|e| RequestError::Refused(format!("cannot encode the process: {e}")))?;
         std::fs::write(&path, text).map_err(io(format!("cannot write {}", path.display())))?;
-        let result = self.exec_process(id, &path, process.terminal().unwrap_or(false));
+        let result = self.exec_process(guest_id, id, &path, process.terminal().unwrap_or(false));
         let _ = std::fs::remove_file(&path);
         result
     }
 
     fn exec_process(
         &mut self,
+        guest_id: &str,
         id: u32,
         path: &Path,
         terminal: bool,
@@ -200,7 +292,7 @@ impl Agent {
             let socket = ConsoleSocket::bind(Path::new(AGENT_DIR), &format!("exec-{id}"))?;
             opts.console_socket = Some(socket.path().to_path_buf());
             let _unblocked = SigchldUnblocked::new().map_err(sys("cannot unblock SIGCHLD"))?;
-            let pid = crate::container::exec::exec(&self.ctx, CONTAINER_ID, opts)?;
+            let pid = crate::container::exec::exec(&self.ctx, guest_id, opts)?;
             (pid, Stdio::Pty(socket))
         } else {
             let (child, parent) = pipes().map_err(sys("cannot create stdio pipes"))?;
@@ -212,7 +304,7 @@ impl Agent {
                 )
                 .map_err(sys("cannot hand stdio pipes to the process"))?;
                 let _unblocked = SigchldUnblocked::new().map_err(sys("cannot unblock SIGCHLD"))?;
-                crate::container::exec::exec(&self.ctx, CONTAINER_ID, opts)?
+                crate::container::exec::exec(&self.ctx, guest_id, opts)?
             };
             // Our copies of the process's ends go now, or EOF never comes.
             drop(child);
@@ -225,7 +317,13 @@ impl Agent {
 
     fn signal(&mut self, id: u32, signal: i32, all: bool) -> Result<Reply, RequestError> {
         if all {
-            let container = crate::container::load(&self.ctx, CONTAINER_ID)?;
+            // Every process of the container whose init is stream `id`.
+            let guest_id = self
+                .members
+                .get(&id)
+                .map(String::as_str)
+                .unwrap_or(CONTAINER_ID);
+            let container = crate::container::load(&self.ctx, guest_id)?;
             for pid in crate::container::pids(&container)? {
                 match crate::signal::send(pid, signal) {
                     Ok(()) | Err(Errno::ESRCH) => {}
@@ -257,21 +355,21 @@ impl Agent {
         Ok(Reply::Ok)
     }
 
-    fn ps(&mut self) -> Result<Reply, RequestError> {
-        let container = crate::container::load(&self.ctx, CONTAINER_ID)?;
+    fn ps(&mut self, guest_id: &str) -> Result<Reply, RequestError> {
+        let container = crate::container::load(&self.ctx, guest_id)?;
         let pids = crate::container::pids(&container)?;
         let pids: Vec<i32> = pids.into_iter().map(|p| p.as_raw()).collect();
         let processes = pids.iter().filter_map(|&p| describe_process(p)).collect();
         Ok(Reply::Pids { pids, processes })
     }
 
-    fn update(&mut self, resources: LinuxResources) -> Result<Reply, RequestError> {
-        let container = crate::container::load(&self.ctx, CONTAINER_ID)?;
+    fn update(&mut self, guest_id: &str, resources: LinuxResources) -> Result<Reply, RequestError> {
+        let container = crate::container::load(&self.ctx, guest_id)?;
         crate::container::update(&container, &resources)?;
         Ok(Reply::Ok)
     }
 
-    fn stats(&mut self) -> Result<Reply, RequestError> {
+    fn stats(&mut self, guest_id: &str) -> Result<Reply, RequestError> {
         let meminfo =
             std::fs::read_to_string("/proc/meminfo").map_err(io("cannot read /proc/meminfo"))?;
         let mut stats = GuestStats {
@@ -279,8 +377,8 @@ impl Agent {
             memory_available_bytes: meminfo_bytes(&meminfo, "MemAvailable").unwrap_or(0),
             ..Default::default()
         };
-        if self.ctx.container_dir(CONTAINER_ID).exists() {
-            let container = crate::container::load(&self.ctx, CONTAINER_ID)?;
+        if self.ctx.container_dir(guest_id).exists() {
+            let container = crate::container::load(&self.ctx, guest_id)?;
             let rel = crate::container::cgroup_path(&container)?;
             let dir = Path::new("/sys/fs/cgroup").join(rel.strip_prefix("/").unwrap_or(&rel));
             let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap_or_default();
@@ -333,6 +431,56 @@ pub fn guest_spec(mut spec: Spec, netns: Option<&Path>) -> Spec {
     if !keep {
         linux.set_cgroups_path(Some(GUEST_CGROUP.into()));
     }
+    spec.set_linux(Some(linux));
+    spec
+}
+
+/// Where the agent writes the bundles of a pod's member containers.
+pub(super) const MEMBER_BUNDLES: &str = "/run/agentvm/members";
+
+/// The container tier's id, in the guest, of the member whose init is
+/// stream `id`.
+fn member_id(id: u32) -> String {
+    format!("member-{id}")
+}
+
+/// A member's spec as the guest runs it: the namespaces `join` names are
+/// the sandbox container's (its init `sandbox_pid`; the network is the
+/// pod's, `netns`, when the host configured one); the host cleared every
+/// namespace path, and the cgroup path it chose is the member's own.
+pub fn member_spec(
+    mut spec: Spec,
+    join: &[PodNamespace],
+    sandbox_pid: i32,
+    netns: Option<&Path>,
+) -> Spec {
+    use oci_spec::runtime::{LinuxNamespace, LinuxNamespaceType};
+    let mut linux = spec.linux().clone().unwrap_or_default();
+    let mut nss = linux.namespaces().clone().unwrap_or_default();
+    for kind in join {
+        let (typ, name) = match kind {
+            PodNamespace::Network => (LinuxNamespaceType::Network, "net"),
+            PodNamespace::Ipc => (LinuxNamespaceType::Ipc, "ipc"),
+            PodNamespace::Uts => (LinuxNamespaceType::Uts, "uts"),
+            PodNamespace::Pid => (LinuxNamespaceType::Pid, "pid"),
+        };
+        let path = match (kind, netns) {
+            (PodNamespace::Network, Some(ns)) => ns.to_path_buf(),
+            _ => PathBuf::from(format!("/proc/{sandbox_pid}/ns/{name}")),
+        };
+        match nss.iter_mut().find(|n| n.typ() == typ) {
+            Some(ns) => {
+                ns.set_path(Some(path));
+            }
+            None => {
+                let mut ns = LinuxNamespace::default();
+                ns.set_typ(typ);
+                ns.set_path(Some(path));
+                nss.push(ns);
+            }
+        }
+    }
+    linux.set_namespaces(Some(nss));
     spec.set_linux(Some(linux));
     spec
 }
@@ -419,6 +567,47 @@ mod tests {
             .as_ref()
             .and_then(|l| l.cgroups_path().clone());
         assert_eq!(got, Some(GUEST_CGROUP.into()));
+    }
+
+    #[test]
+    fn a_member_joins_the_sandbox_s_namespaces() {
+        use oci_spec::runtime::{LinuxNamespace, LinuxNamespaceType};
+        let mut spec = Spec::default();
+        let mut linux = spec.linux().clone().unwrap_or_default();
+        let ns = |t| {
+            let mut n = LinuxNamespace::default();
+            n.set_typ(t);
+            n
+        };
+        linux.set_namespaces(Some(vec![
+            ns(LinuxNamespaceType::Mount),
+            ns(LinuxNamespaceType::Pid),
+            ns(LinuxNamespaceType::Network),
+        ]));
+        spec.set_linux(Some(linux));
+        let out = member_spec(
+            spec,
+            &[PodNamespace::Network, PodNamespace::Ipc],
+            42,
+            Some(Path::new("/run/agentvm/netns")),
+        );
+        let nss = out.linux().as_ref().unwrap().namespaces().clone().unwrap();
+        let path = |t| {
+            nss.iter()
+                .find(|n| n.typ() == t)
+                .map(|n| n.path().clone())
+                .unwrap()
+        };
+        assert_eq!(path(LinuxNamespaceType::Mount), None);
+        assert_eq!(path(LinuxNamespaceType::Pid), None);
+        assert_eq!(
+            path(LinuxNamespaceType::Network),
+            Some("/run/agentvm/netns".into())
+        );
+        assert_eq!(
+            path(LinuxNamespaceType::Ipc),
+            Some("/proc/42/ns/ipc".into())
+        );
     }
 
     #[test]

@@ -29,6 +29,26 @@ pub enum SupervisorRequest {
     Update {
         resources: Box<oci_spec::runtime::LinuxResources>,
     },
+    /// From a pod member's relay (`src/microvm/pod.rs`): create container
+    /// `id` in this (the sandbox's) VM; its rootfs and volumes are in the
+    /// share already. After `Created` the connection carries the member
+    /// init's stdio and [`ExecControl`], and ends with an [`ExecEvent`], as
+    /// an exec's does.
+    CreateMember {
+        id: String,
+        spec: Box<oci_spec::runtime::Spec>,
+        join: Vec<crate::protocol::PodNamespace>,
+    },
+    /// A request (`Start`, `Signal`, `Ps`, `Stats`, `Update`, `Exec`) about
+    /// member `id` of the pod rather than the sandbox container.
+    Member {
+        id: String,
+        request: Box<SupervisorRequest>,
+    },
+    /// Remove member `id` from the guest (killing what is left of it).
+    DeleteMember {
+        id: String,
+    },
 }
 
 /// Control frames an exec relay sends after the exec started.

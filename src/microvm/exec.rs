@@ -36,7 +36,7 @@ pub struct ExecRequest<'a> {
 }
 
 /// Where the relay reads input and writes output.
-enum Io {
+pub(super) enum Io {
     /// The relay's own stdin/stdout/stderr (pipes from the shim, or the
     /// user's terminal for a foreground `exec -t`).
     Inherited { raw_tty: Option<Termios> },
@@ -103,16 +103,16 @@ pub fn exec(ctx: &Context, id: &str, req: ExecRequest) -> Result<u8> {
 }
 
 fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result<u8> {
-    let dir = ctx.container_dir(id);
     let started = std::time::Instant::now();
-    let (conn, reply) = client::request(
-        &dir,
-        id,
-        &SupervisorRequest::Exec {
+    let state = VmState::load(&ctx.container_dir(id))?;
+    let (dir, target, request) = super::route(
+        ctx,
+        &state,
+        SupervisorRequest::Exec {
             process: Box::new(req.process.clone()),
         },
-        Duration::from_secs(60),
-    )?;
+    );
+    let (conn, reply) = client::request(&dir, &target, &request, Duration::from_secs(60))?;
     match reply {
         Reply::Started { .. } => {}
         Reply::Error { message } => {
@@ -179,7 +179,7 @@ fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result
 
 /// Carries stdio and signals between this process and the guest process
 /// until it exits; returns its status, or why its end was not seen.
-fn relay(conn: UnixStream, io: &Io) -> std::result::Result<i32, String> {
+pub(super) fn relay(conn: UnixStream, io: &Io) -> std::result::Result<i32, String> {
     // Signals first, so a resize or a signal sent as soon as the pid is
     // known is not lost.
     let signals = signal_hook::iterator::Signals::new([

@@ -26,6 +26,7 @@ pub mod host;
 pub mod initramfs;
 pub use crate::router as net;
 
+pub mod pod;
 mod runtime;
 pub mod sock;
 pub mod spec;
@@ -53,6 +54,8 @@ pub enum MicrovmError {
     Client(#[from] client::ClientError),
     #[error(transparent)]
     Tty(#[from] supervisor::tty::TtyError),
+    #[error(transparent)]
+    Pod(#[from] pod::PodError),
     /// The command does not fit the container's status, or its options
     /// contradict each other; the message is runc's where runc has one.
     #[error("{0}")]
@@ -107,6 +110,10 @@ pub struct CreateOptions<'a> {
 /// has created the container (or failed to). The caller holds the root
 /// lock and checked the id is free. On failure nothing is left behind.
 pub fn create(ctx: &Context, id: &str, bundle: &Bundle, opts: CreateOptions) -> Result<()> {
+    // A further container of a CRI pod runs in its sandbox's VM.
+    if let Some(sandbox) = pod::sandbox_of(&bundle.spec)? {
+        return create_member(ctx, id, bundle, opts, &sandbox);
+    }
     // Fail before creating anything when the host cannot run a microVM,
     // or not with the VMM asked for.
     let vmm =
@@ -150,19 +157,68 @@ pub fn create(ctx: &Context, id: &str, bundle: &Bundle, opts: CreateOptions) -> 
     )))?;
     let dir = ctx.container_dir(id);
     std::fs::create_dir(&dir).map_err(io_error(format!("create {}", dir.display())))?;
-    let result = start_supervisor(ctx, id, bundle, &dir, &opts);
+    let result = start_supervisor(ctx, id, bundle, &dir, &opts, None);
     if result.is_err() {
         let _ = destroy(ctx, id);
     }
     result
 }
 
+/// Creates a further container of a CRI pod in the VM of its sandbox
+/// `sandbox`: its relay (`pod`) is the container's pid.
+fn create_member(
+    ctx: &Context,
+    id: &str,
+    bundle: &Bundle,
+    opts: CreateOptions,
+    sandbox: &str,
+) -> Result<()> {
+    let sandbox_state = pod::sandbox_state(&ctx.root, id, sandbox)?;
+    let terminal = bundle
+        .spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.terminal())
+        .unwrap_or(false);
+    if terminal && opts.console_socket.is_none() {
+        return Err(refused(
+            "process.terminal is true: --console-socket is required",
+        ));
+    }
+    if !terminal && opts.console_socket.is_some() {
+        return Err(refused(
+            "--console-socket given but process.terminal is false",
+        ));
+    }
+    // The pod's network is the sandbox's, and so is its egress policy.
+    if opts.egress.to_string() != sandbox_state.egress {
+        return Err(refused(format!(
+            "egress policy {} differs from pod sandbox {}'s ({}): a pod's containers share              its network and its policy",
+            opts.egress, sandbox, sandbox_state.egress
+        )));
+    }
+    std::env::set_current_dir(&bundle.path).map_err(io_error(format!(
+        "change to the bundle directory {}",
+        bundle.path.display()
+    )))?;
+    let dir = ctx.container_dir(id);
+    std::fs::create_dir(&dir).map_err(io_error(format!("create {}", dir.display())))?;
+    let result = start_supervisor(ctx, id, bundle, &dir, &opts, Some(&sandbox_state));
+    if result.is_err() {
+        let _ = destroy(ctx, id);
+    }
+    result
+}
+
+/// Starts `agentvm supervise <id>`: the VM's supervisor, or with `pod` a
+/// member's relay into that sandbox's VM.
 fn start_supervisor(
     ctx: &Context,
     id: &str,
     bundle: &Bundle,
     dir: &Path,
     opts: &CreateOptions,
+    pod: Option<&VmState>,
 ) -> Result<()> {
     Record {
         isolation: Isolation::Microvm,
@@ -193,6 +249,17 @@ fn start_supervisor(
         net_restore: Vec::new(),
         egress: opts.egress.to_string(),
         boot: Vec::new(),
+        pod_sandbox: pod.map(|p| p.id.clone()),
+    };
+    let state = match pod {
+        // The VM is the sandbox's: what sizes it is recorded for `update`.
+        Some(p) => VmState {
+            accel: p.accel.clone(),
+            vcpus: p.vcpus,
+            memory_mib: p.memory_mib,
+            ..state
+        },
+        None => state,
     };
     state.save(dir)?;
 
@@ -306,8 +373,30 @@ pub fn state(ctx: &Context, id: &str) -> Result<RuncState> {
     })
 }
 
+/// Where a request about container `s` goes: its own supervisor, or for a
+/// pod member its sandbox's, wrapped as a `Member` request.
+pub(crate) fn route(
+    ctx: &Context,
+    s: &VmState,
+    req: SupervisorRequest,
+) -> (PathBuf, String, SupervisorRequest) {
+    match &s.pod_sandbox {
+        None => (ctx.container_dir(&s.id), s.id.clone(), req),
+        Some(sandbox) => (
+            ctx.container_dir(sandbox),
+            sandbox.clone(),
+            SupervisorRequest::Member {
+                id: s.id.clone(),
+                request: Box::new(req),
+            },
+        ),
+    }
+}
+
 fn ask(ctx: &Context, id: &str, req: SupervisorRequest) -> Result<Reply> {
-    let (_, reply) = client::request(&ctx.container_dir(id), id, &req, Duration::from_secs(60))?;
+    let s = load(ctx, id)?;
+    let (dir, target, req) = route(ctx, &s, req);
+    let (_, reply) = client::request(&dir, &target, &req, Duration::from_secs(60))?;
     match reply {
         Reply::Error { message } => Err(MicrovmError::Guest(message)),
         r => Ok(r),
@@ -327,7 +416,12 @@ pub fn start(ctx: &Context, id: &str) -> Result<()> {
         }
     }
     ask(ctx, id, SupervisorRequest::Start)?;
-    let s = load(ctx, id)?;
+    let mut s = load(ctx, id)?;
+    // A member's state is the CLI's to keep (its relay records its end).
+    if s.pod_sandbox.is_some() && s.status == Status::Created {
+        s.status = Status::Running;
+        s.save(&ctx.container_dir(id))?;
+    }
     match s.spec() {
         Ok(spec) => {
             if let Err(e) = supervisor::run_hooks_public(&spec, &s, &["poststart"]) {
@@ -355,6 +449,9 @@ pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
     let pid = s
         .supervisor_pid
         .ok_or_else(|| refused(format!("container {id} has no supervisor")))?;
+    if s.pod_sandbox.is_some() && signal != 0 {
+        return kill_member(ctx, &s, pid, signal, all);
+    }
     if signal == libc::SIGKILL || signal == 0 || s.paused {
         // SIGKILL ends the supervisor, and with it the VM, at once; a
         // paused VM cannot take a request, so signals go to the pid; 0
@@ -376,6 +473,24 @@ pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
     Ok(())
 }
 
+/// A signal for a pod member goes to its processes in the guest; SIGKILL
+/// kills its relay when the guest cannot be asked (the sandbox's
+/// supervisor then kills what is left of the member).
+fn kill_member(ctx: &Context, s: &VmState, relay: i32, signal: i32, all: bool) -> Result<()> {
+    let asked = ask(ctx, &s.id, SupervisorRequest::Signal { signal, all });
+    match asked {
+        Ok(_) => Ok(()),
+        Err(e) if signal == libc::SIGKILL => {
+            tracing::debug!("container {}: {e}; killing its relay", s.id);
+            // SAFETY: kill(2) on the member's relay, verified alive by
+            // effective_status.
+            unsafe { libc::kill(relay, libc::SIGKILL) };
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// `ps --format json`: the container's processes on the host — the
 /// supervisor, the VMM and the file server, all in the container's cgroup —
 /// which is what the shim and `docker top` look up in the host's process
@@ -383,6 +498,14 @@ pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
 /// lists the guest's processes (`guest_processes`).
 pub fn ps(ctx: &Context, id: &str) -> Result<Vec<i32>> {
     let s = load(ctx, id)?;
+    // A pod member's host process is its relay; its processes are the
+    // guest's.
+    if s.pod_sandbox.is_some() {
+        return Ok(match s.supervisor_pid {
+            Some(pid) if s.supervisor_alive() => vec![pid],
+            _ => Vec::new(),
+        });
+    }
     if s.cgroup_path.as_os_str().is_empty() {
         return Ok(Vec::new());
     }
@@ -422,6 +545,10 @@ pub fn update(
             resources: Box::new(resources.clone()),
         },
     )?;
+    // A pod member has no host cgroup of its own: the VM's is the pod's.
+    if s.pod_sandbox.is_some() {
+        return Ok(());
+    }
     // The VM's own host cgroup follows for what it carries (CPU, pids).
     let cm = s
         .cgroup_manager()
@@ -470,6 +597,12 @@ fn freeze(s: &VmState, state: FreezerState) -> Result<()> {
 pub fn set_paused(ctx: &Context, id: &str, paused: bool) -> Result<()> {
     let dir = ctx.container_dir(id);
     let mut s = load(ctx, id)?;
+    if let Some(sandbox) = &s.pod_sandbox {
+        return Err(refused(format!(
+            "cannot {} container {id}: pausing one container of a pod is not implemented in              the microvm tier (pause freezes the pod's whole VM: pause its sandbox {sandbox})",
+            if paused { "pause" } else { "resume" }
+        )));
+    }
     let status = s.effective_status();
     let running = status == Status::Running;
     if paused && (!running || s.paused) {
@@ -514,7 +647,9 @@ pub fn delete(ctx: &Context, id: &str, force: bool) -> Result<()> {
 fn destroy(ctx: &Context, id: &str) -> Result<()> {
     let dir = ctx.container_dir(id);
     let state = VmState::load(&dir).ok();
-    if let Some(s) = &state {
+    if let Some(s) = state.as_ref().filter(|s| s.pod_sandbox.is_some()) {
+        destroy_member(ctx, s);
+    } else if let Some(s) = &state {
         if s.supervisor_alive() {
             if s.paused {
                 let _ = freeze(s, FreezerState::Thawed);
@@ -579,4 +714,85 @@ fn destroy(ctx: &Context, id: &str) -> Result<()> {
         std::fs::remove_dir_all(&dir).map_err(io_error(format!("remove {}", dir.display())))?;
     }
     Ok(())
+}
+
+/// A pod member's part of `destroy`: the guest removes its container
+/// (killing what is left of it), its relay ends (SIGKILLed after 10 s), its
+/// mounts leave the sandbox's share, poststop hooks run.
+fn destroy_member(ctx: &Context, s: &VmState) {
+    let id = &s.id;
+    let sandbox = s
+        .pod_sandbox
+        .as_deref()
+        .and_then(|sb| VmState::load(&ctx.container_dir(sb)).ok())
+        .filter(|sb| sb.supervisor_alive());
+    if let Some(sb) = &sandbox {
+        if !sb.paused {
+            let asked = client::request(
+                &ctx.container_dir(&sb.id),
+                &sb.id,
+                &SupervisorRequest::DeleteMember { id: id.clone() },
+                Duration::from_secs(30),
+            );
+            match asked {
+                Ok((_, Reply::Ok)) => {}
+                Ok((_, other)) => tracing::debug!("container {id}: delete in the guest: {other:?}"),
+                Err(e) => tracing::debug!("container {id}: delete in the guest: {e}"),
+            }
+        }
+    }
+    if let Some(relay) = s.supervisor_pid.filter(|_| s.supervisor_alive()) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !crate::state::process_gone(relay) && Instant::now() < deadline {
+            let _ = nix::sys::wait::waitpid(
+                nix::unistd::Pid::from_raw(relay),
+                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !crate::state::process_gone(relay) {
+            // SAFETY: kill(2) on the member's relay, verified alive above.
+            unsafe { libc::kill(relay, libc::SIGKILL) };
+        }
+    }
+    // A relay that was killed left its mounts in the sandbox's share.
+    if let Some(sb) = &sandbox {
+        detach_in_sandbox(ctx, sb, id);
+    }
+    if s.supervisor_pid.is_some() {
+        let hooks = s
+            .spec()
+            .map_err(|e| e.to_string())
+            .and_then(|spec| supervisor::run_hooks_public(&spec, s, &["poststop"]));
+        if let Err(e) = hooks {
+            tracing::error!("{e}");
+        }
+    }
+}
+
+/// Detaches member `id`'s mounts from the sandbox's share, in a child that
+/// enters the sandbox's mount namespace (this process keeps the host's).
+fn detach_in_sandbox(ctx: &Context, sandbox: &VmState, id: &str) {
+    let root = ctx.container_dir(&sandbox.id).join("share");
+    // SAFETY: the CLI is single-threaded here (no thread has been started),
+    // so the child may run arbitrary code after fork; it only enters a
+    // namespace, unmounts and exits.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            let code = match pod::enter_sandbox_mounts(sandbox) {
+                Ok(()) => {
+                    pod::detach(&root, id);
+                    0
+                }
+                Err(_) => 1,
+            };
+            // SAFETY: _exit ends the forked child without running the
+            // parent's atexit handlers or destructors.
+            unsafe { libc::_exit(code) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            let _ = nix::sys::wait::waitpid(child, None);
+        }
+        Err(e) => tracing::debug!("container {id}: cannot fork to detach its mounts: {e}"),
+    }
 }

@@ -48,15 +48,6 @@ impl tier::Tier for Tier {
                 ": host descriptors cannot cross into the guest",
             ));
         }
-        if super::spec::is_pod_member(&req.bundle.spec) {
-            return Err(TierError::unsupported(
-                "a second container in a Kubernetes pod (io.kubernetes.cri.container-type=container)",
-                Isolation::Microvm,
-                ": the containers of a pod need one microVM for the whole pod, which the \
-                 microvm tier does not have yet; run the pod in the container tier \
-                 (io.agentvm.isolation=container)",
-            ));
-        }
         super::create(
             ctx,
             req.id,

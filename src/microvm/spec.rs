@@ -144,9 +144,9 @@ pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 
 /// Whether the spec is a container that CRI adds to a pod (any but the
 /// pod's sandbox): it shares the sandbox's network, IPC and UTS
-/// namespaces. In the microvm tier that needs the pod's VM, which does not
-/// exist yet: a VM of its own would take the pod's address a second time
-/// and not see the pod's `localhost` (`MicrovmRuntime::create` refuses it).
+/// namespaces, so in the microvm tier it runs in the sandbox's VM
+/// (`super::pod`): a VM of its own would take the pod's address a second
+/// time and not see the pod's `localhost`.
 pub fn is_pod_member(spec: &Spec) -> bool {
     spec.annotations()
         .as_ref()
@@ -160,6 +160,22 @@ pub fn plan(
     rootfs: &Path,
     config: &Config,
 ) -> Result<GuestPlan, SpecError> {
+    plan_in(spec, bundle, rootfs, config, "")
+}
+
+/// [`plan`], with what is staged named below `dir` of the share (a pod
+/// member's directory, `pod/<id>`), or at the share's root for "".
+pub fn plan_in(
+    spec: &Spec,
+    bundle: &Path,
+    rootfs: &Path,
+    config: &Config,
+    dir: &str,
+) -> Result<GuestPlan, SpecError> {
+    let named = |name: &str| match dir {
+        "" => name.to_string(),
+        dir => format!("{dir}/{name}"),
+    };
     let mut spec = spec.clone();
     let mut warnings = Vec::new();
     let root_ro = spec
@@ -169,11 +185,11 @@ pub fn plan(
         .unwrap_or(false);
     let mut staged = vec![Staged {
         source: rootfs.to_path_buf(),
-        name: "rootfs".into(),
+        name: named("rootfs"),
         readonly: root_ro,
     }];
     let mut root = Root::default();
-    root.set_path(PathBuf::from(format!("{SHARE_MOUNT}/rootfs")));
+    root.set_path(PathBuf::from(format!("{SHARE_MOUNT}/{}", named("rootfs"))));
     root.set_readonly(Some(root_ro));
     spec.set_root(Some(root));
 
@@ -193,7 +209,7 @@ pub fn plan(
                 } else {
                     bundle.join(src)
                 };
-                let name = format!("m{}", staged.len());
+                let name = named(&format!("m{}", staged.len()));
                 let readonly = m
                     .options()
                     .as_ref()

@@ -65,6 +65,11 @@ pub struct VmState {
     /// trace); empty until the VM booted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub boot: Vec<super::supervisor::trace::BootPart>,
+    /// A further container of a Kubernetes pod, running in the VM of this
+    /// sandbox container (same `--root`); `supervisor_pid` is then its
+    /// relay's (`src/microvm/pod.rs`), and it has no host cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_sandbox: Option<String>,
 }
 
 fn allow() -> String {

@@ -22,8 +22,10 @@ use std::io::{Read, Write};
 use oci_spec::runtime::{Hook, LinuxResources, Process, Spec};
 use serde::{Deserialize, Serialize};
 
-/// Protocol version, exchanged in [`GuestMessage::Hello`].
-pub const VERSION: u32 = 1;
+/// Protocol version, exchanged in [`GuestMessage::Hello`]. Version 2
+/// added the pod's member containers ([`HostMessage::CreateMember`],
+/// [`HostMessage::Member`]).
+pub const VERSION: u32 = 2;
 /// Name of the virtio-serial port the guest finds under
 /// `/sys/class/virtio-ports/*/name`.
 pub const PORT_NAME: &str = "org.agentvm.control";
@@ -47,6 +49,10 @@ pub const MAX_PAYLOAD: usize = 1 << 20;
 pub const HEADER_LEN: usize = 9;
 /// Stream of the container's init process.
 pub const INIT_STREAM: u32 = 0;
+/// Directory of the share (relative to its root) under which each member
+/// container of a pod has its own directory, named by its host id, holding
+/// its rootfs and bind-mount sources (`pod/<id>/rootfs`, `pod/<id>/m<N>`).
+pub const SHARE_POD_DIR: &str = "pod";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProtocolError {
@@ -262,6 +268,58 @@ pub enum HostMessage {
     Update { resources: Box<LinuxResources> },
     /// Kill everything, sync and power off. Reply: `Ok`, then the VM ends.
     Shutdown,
+    /// Create a further container of the pod, whose init is stream `id`
+    /// (> 0, unused, handed out by the host like an exec's): `spec`'s paths
+    /// are guest paths (below [`SHARE_MOUNT`]/[`SHARE_POD_DIR`]), and it
+    /// joins the namespaces `join` names of the VM's own (sandbox)
+    /// container, which must have been created. Its processes and stdio
+    /// are reported on stream `id` as an exec's are (`Exit { id }` when its
+    /// init ends). Reply: `Created { pid }`.
+    CreateMember {
+        id: u32,
+        spec: Box<Spec>,
+        #[serde(default)]
+        join: Vec<PodNamespace>,
+    },
+    /// A request about the member container whose init is stream `id`.
+    /// `Signal` and `Resize` name the member's init by its stream id and
+    /// need no wrapper. Reply: as the inner request's.
+    Member { id: u32, request: MemberRequest },
+}
+
+/// The namespaces of the pod's sandbox container a member joins: CRI names
+/// them by the host path of the pause process, which in a pod VM is the
+/// sandbox container in the guest.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PodNamespace {
+    Network,
+    Ipc,
+    Uts,
+    Pid,
+}
+
+/// What the host asks of one member container ([`HostMessage::Member`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum MemberRequest {
+    /// Start its created init. Reply: `Ok`.
+    Start,
+    /// Its startContainer hooks, as [`HostMessage::RunHooks`]. Reply: `Ok`.
+    RunHooks { hooks: Vec<Hook>, state: OciState },
+    /// Run a process in it as stream `stream` (> 0, unused).
+    /// Reply: `Started { pid }`.
+    Exec { stream: u32, process: Box<Process> },
+    /// Its processes. Reply: `Pids`.
+    Ps,
+    /// Its cgroup's use (and the guest's memory). Reply: `Stats`.
+    Stats,
+    /// New cgroup limits for it. Reply: `Ok`.
+    Update { resources: Box<LinuxResources> },
+    /// Kill whatever of it still runs and remove it from the guest; its
+    /// init's exit is reported (if it had not been) before the reply.
+    /// Reply: `Ok`.
+    Delete,
 }
 
 /// The guest's network, as the host read it from the container's network
@@ -509,6 +567,36 @@ mod tests {
         assert!(Frame::data(Kind::Stdout, 0, b"{}")
             .parse_control::<GuestMessage>()
             .is_err());
+    }
+
+    #[test]
+    fn member_requests_round_trip() {
+        let m = HostMessage::Member {
+            id: 3,
+            request: MemberRequest::Exec {
+                stream: 4,
+                process: Box::default(),
+            },
+        };
+        let back: HostMessage = Frame::control(&m).parse_control().unwrap();
+        assert_eq!(back, m);
+        let c = HostMessage::CreateMember {
+            id: 3,
+            spec: Box::default(),
+            join: vec![PodNamespace::Network, PodNamespace::Uts],
+        };
+        let text = String::from_utf8(Frame::control(&c).payload).unwrap();
+        assert!(text.contains(r#""join":["network","uts"]"#), "{text}");
+        let back: HostMessage = Frame::control(&c).parse_control().unwrap();
+        assert_eq!(back, c);
+        let delete = Frame::control(&HostMessage::Member {
+            id: 1,
+            request: MemberRequest::Delete,
+        });
+        assert_eq!(
+            std::str::from_utf8(&delete.payload).unwrap(),
+            r#"{"type":"member","id":1,"request":{"type":"delete"}}"#
+        );
     }
 
     #[test]

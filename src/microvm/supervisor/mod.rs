@@ -26,7 +26,7 @@ pub mod jail;
 mod relays;
 mod serve;
 pub use serve::run_hooks as run_hooks_public;
-pub(crate) mod stage;
+pub mod stage;
 pub mod trace;
 pub mod tty;
 
@@ -138,6 +138,14 @@ pub fn run(args: Args) -> ! {
     // SAFETY: `create` passes the write end of its sync pipe as SYNC_FD and
     // nothing else in this process uses that descriptor.
     let mut sync = Sync(Some(File::from(unsafe { OwnedFd::from_raw_fd(SYNC_FD) })));
+    // A further container of a pod: its relay into the sandbox's VM.
+    if VmState::load(&args.dir).is_ok_and(|s| s.pod_sandbox.is_some()) {
+        let status = super::pod::relay(&args, &mut |outcome| match outcome {
+            Ok(()) => sync.send("ok\n"),
+            Err(msg) => sync.send(&format!("error {msg}\n")),
+        });
+        exit_like(status)
+    }
     let status = match boot(&args) {
         Ok(booted) => {
             sync.send("ok\n");

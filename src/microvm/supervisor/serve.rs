@@ -16,8 +16,8 @@ use super::{Args, Booted, SupervisorError, VM_LOST_STATUS};
 use crate::microvm::client::{ExecControl, ExecEvent, SupervisorRequest};
 use crate::microvm::vmstate::{Status, VmState};
 use crate::protocol::{
-    Frame, GuestMessage, HostMessage, Kind, OciState, ProtocolError, Reply, INIT_STREAM,
-    MAX_PAYLOAD,
+    Frame, GuestMessage, HostMessage, Kind, MemberRequest, OciState, PodNamespace, ProtocolError,
+    Reply, INIT_STREAM, MAX_PAYLOAD,
 };
 
 /// How long a request to the guest may take before the guest is declared
@@ -146,6 +146,9 @@ struct Shared {
     answering: (Mutex<usize>, std::sync::Condvar),
     /// The balloon's side of `update`, where the VM has one to change.
     guest_ram: Mutex<Option<super::GuestRam>>,
+    /// The pod's further containers in this VM: host id → the stream of
+    /// their init in the guest.
+    members: Mutex<std::collections::HashMap<String, u32>>,
 }
 
 /// Counts one CLI request in [`Shared::answering`] while it lives.
@@ -269,6 +272,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         dir: args.dir.clone(),
         answering: Default::default(),
         guest_ram: Mutex::new(guest_ram),
+        members: Default::default(),
     });
     spawn_reader(shared.clone(), guest);
     spawn_stdin(
@@ -556,10 +560,40 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
         }
     };
     let _answering = match &req {
-        SupervisorRequest::Exec { .. } => None,
+        SupervisorRequest::Exec { .. } | SupervisorRequest::CreateMember { .. } => None,
+        SupervisorRequest::Member { request, .. }
+            if matches!(**request, SupervisorRequest::Exec { .. }) =>
+        {
+            None
+        }
         _ => Some(Answering::begin(&shared)),
     };
-    let reply = match &req {
+    let reply = match req {
+        SupervisorRequest::Exec { process } => {
+            return exec(shared, conn, process, None);
+        }
+        SupervisorRequest::CreateMember { id, spec, join } => {
+            return create_member(shared, conn, id, spec, join);
+        }
+        SupervisorRequest::Member { id, request } => match member_stream(&shared, &id) {
+            Err(message) => Ok(Reply::Error { message }),
+            Ok(stream) => match *request {
+                SupervisorRequest::Exec { process } => {
+                    return exec(shared, conn, process, Some(stream));
+                }
+                request => answer_member(&shared, &id, stream, &request),
+            },
+        },
+        SupervisorRequest::DeleteMember { id } => delete_member(&shared, &id),
+        request => answer(&shared, &request),
+    };
+    let reply = reply.unwrap_or_else(|message| Reply::Error { message });
+    let _ = Frame::control(&reply).write_to(&mut conn);
+}
+
+/// A CLI request about the VM's own (sandbox) container.
+fn answer(shared: &Shared, req: &SupervisorRequest) -> Result<Reply, String> {
+    match req {
         SupervisorRequest::Start => {
             let r = match start_container_hooks(&shared.dir) {
                 Ok(None) => shared.request(&HostMessage::Start),
@@ -584,13 +618,138 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
         }),
         SupervisorRequest::Ps => shared.request(&HostMessage::Ps),
         SupervisorRequest::Stats => shared.request(&HostMessage::Stats),
-        SupervisorRequest::Update { resources } => update(&shared, resources),
-        SupervisorRequest::Exec { process } => {
-            return exec(shared, conn, process.clone());
+        SupervisorRequest::Update { resources } => update(shared, resources),
+        other => Err(format!("unexpected request {other:?}")),
+    }
+}
+
+/// The guest stream of member `id`'s init.
+fn member_stream(shared: &Shared, id: &str) -> Result<u32, String> {
+    shared
+        .members
+        .lock()
+        .map_err(|_| "members poisoned".to_string())?
+        .get(id)
+        .copied()
+        .ok_or_else(|| format!("container {id} is not a member of this pod's VM"))
+}
+
+/// A CLI request about member `id` (init stream `stream`); the CLI keeps
+/// the member's state file.
+fn answer_member(
+    shared: &Shared,
+    id: &str,
+    stream: u32,
+    req: &SupervisorRequest,
+) -> Result<Reply, String> {
+    let member = |request| HostMessage::Member {
+        id: stream,
+        request,
+    };
+    match req {
+        SupervisorRequest::Start => {
+            let member_dir = shared.dir.parent().map(|root| root.join(id));
+            let hooks = match member_dir {
+                Some(dir) => start_container_hooks(&dir),
+                None => Ok(None),
+            };
+            match hooks {
+                Ok(None) => shared.request(&member(MemberRequest::Start)),
+                Ok(Some(HostMessage::RunHooks { hooks, state })) => {
+                    match shared.request(&member(MemberRequest::RunHooks { hooks, state })) {
+                        Ok(Reply::Ok) => shared.request(&member(MemberRequest::Start)),
+                        other => other,
+                    }
+                }
+                Ok(Some(_)) => Err("unexpected hooks request".into()),
+                Err(message) => Ok(Reply::Error { message }),
+            }
+        }
+        SupervisorRequest::Signal { signal, all } => shared.request(&HostMessage::Signal {
+            id: stream,
+            signal: *signal,
+            all: *all,
+        }),
+        SupervisorRequest::Ps => shared.request(&member(MemberRequest::Ps)),
+        SupervisorRequest::Stats => shared.request(&member(MemberRequest::Stats)),
+        SupervisorRequest::Update { resources } => shared.request(&member(MemberRequest::Update {
+            resources: resources.clone(),
+        })),
+        other => Err(format!("not a request about a pod member: {other:?}")),
+    }
+}
+
+/// Removes member `id` from the guest and forgets it.
+fn delete_member(shared: &Shared, id: &str) -> Result<Reply, String> {
+    let stream = member_stream(shared, id)?;
+    let reply = shared.request(&HostMessage::Member {
+        id: stream,
+        request: MemberRequest::Delete,
+    })?;
+    if matches!(reply, Reply::Ok) {
+        if let Ok(mut members) = shared.members.lock() {
+            members.remove(id);
+        }
+    }
+    Ok(reply)
+}
+
+/// A pod member's relay asks for its container: the connection becomes the
+/// stream of the member's init, as an exec's connection does.
+fn create_member(
+    shared: Arc<Shared>,
+    mut conn: UnixStream,
+    id: String,
+    spec: Box<Spec>,
+    join: Vec<PodNamespace>,
+) {
+    let known = shared
+        .members
+        .lock()
+        .map(|m| m.contains_key(&id))
+        .unwrap_or(true);
+    if known {
+        let message = format!("container {id} is a member of this pod's VM already");
+        let _ = Frame::control(&Reply::Error { message }).write_to(&mut conn);
+        return;
+    }
+    let reserved = conn
+        .try_clone()
+        .map_err(|e| e.to_string())
+        .and_then(|c| shared.relays.reserve(c).map_err(|e| e.to_string()));
+    let stream = match reserved {
+        Ok(stream) => stream,
+        Err(message) => {
+            let _ = Frame::control(&Reply::Error { message }).write_to(&mut conn);
+            return;
         }
     };
-    let reply = reply.unwrap_or_else(|message| Reply::Error { message });
-    let _ = Frame::control(&reply).write_to(&mut conn);
+    let reply = match shared.request(&HostMessage::CreateMember {
+        id: stream,
+        spec,
+        join,
+    }) {
+        Ok(r @ Reply::Created { .. }) | Ok(r @ Reply::Error { .. }) => r,
+        Ok(other) => Reply::Error {
+            message: format!("the guest answered create with {other:?}"),
+        },
+        Err(message) => Reply::Error { message },
+    };
+    if !matches!(reply, Reply::Created { .. }) {
+        shared.relays.remove(stream);
+        let _ = Frame::control(&reply).write_to(&mut conn);
+        return;
+    }
+    if let Ok(mut members) = shared.members.lock() {
+        members.insert(id, stream);
+    }
+    let written = Frame::control(&reply).write_to(&mut conn);
+    shared.relays.started(stream);
+    if written.is_err() {
+        relay_gone(&shared, stream, true);
+        return;
+    }
+    pump_from_relay(&shared, conn, stream, true);
 }
 
 /// `update`: the container's limits change in the guest; a memory limit
@@ -655,8 +814,9 @@ fn start_container_hooks(dir: &std::path::Path) -> Result<Option<HostMessage>, S
     }))
 }
 
-/// Starts an exec'd process and turns the connection into its stream.
-fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Box<Process>) {
+/// Starts an exec'd process and turns the connection into its stream: in
+/// the sandbox container, or in the member whose init is stream `member`.
+fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Box<Process>, member: Option<u32>) {
     let reserved = conn
         .try_clone()
         .map_err(|e| e.to_string())
@@ -668,9 +828,23 @@ fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Box<Process>) {
             return;
         }
     };
-    let reply = shared
-        .request(&HostMessage::Exec { id, process })
-        .unwrap_or_else(|message| Reply::Error { message });
+    let msg = match member {
+        None => HostMessage::Exec { id, process },
+        Some(m) => HostMessage::Member {
+            id: m,
+            request: MemberRequest::Exec {
+                stream: id,
+                process,
+            },
+        },
+    };
+    let reply = match shared.request(&msg) {
+        Ok(r @ Reply::Started { .. }) | Ok(r @ Reply::Error { .. }) => r,
+        Ok(other) => Reply::Error {
+            message: format!("the guest answered exec with {other:?}"),
+        },
+        Err(message) => Reply::Error { message },
+    };
     let started = matches!(reply, Reply::Started { .. });
     if !started {
         shared.relays.remove(id);
@@ -682,15 +856,20 @@ fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Box<Process>) {
     // Only now may the stream's output and exit follow the reply.
     shared.relays.started(id);
     if written.is_err() {
-        relay_gone(&shared, id);
+        relay_gone(&shared, id, false);
         return;
     }
-    // Relay → guest: stdin and control.
+    pump_from_relay(&shared, conn, id, false);
+}
+
+/// Relay → guest: stdin and control of stream `id`, until the relay goes
+/// (then its process, or with `all` its whole container, is killed).
+fn pump_from_relay(shared: &Shared, mut conn: UnixStream, id: u32, all: bool) {
     loop {
         let frame = match Frame::read_from(&mut conn) {
             Ok(f) => f,
             Err(_) => {
-                relay_gone(&shared, id);
+                relay_gone(shared, id, all);
                 return;
             }
         };
@@ -720,15 +899,16 @@ fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Box<Process>) {
     }
 }
 
-/// The relay is gone (killed, or its caller hung up): its process must not
-/// live on unseen in the guest.
-fn relay_gone(shared: &Shared, id: u32) {
+/// The relay is gone (killed, or its caller hung up): its process (with
+/// `all`, a pod member's whole container) must not live on unseen in the
+/// guest.
+fn relay_gone(shared: &Shared, id: u32, all: bool) {
     if shared.relays.remove(id) {
-        tracing::info!("exec {id}: relay gone, killing its process");
+        tracing::info!("stream {id}: relay gone, killing its process");
         let _ = shared.request(&HostMessage::Signal {
             id,
             signal: SIGKILL,
-            all: false,
+            all,
         });
     }
 }
@@ -777,6 +957,7 @@ mod tests {
             dir: std::env::temp_dir(),
             answering: Default::default(),
             guest_ram: Mutex::new(None),
+            members: Default::default(),
         });
         spawn_reader(shared.clone(), host);
         Fixture {
@@ -895,6 +1076,114 @@ mod tests {
             _ => panic!("no exit event"),
         }
         assert_eq!(f.stdout.0.lock().unwrap().as_slice(), b"hello\n");
+    }
+
+    /// Starts `create_member` for `id` on a socket pair; returns the
+    /// relay's end.
+    fn member_relay(f: &Fixture, id: &str) -> (UnixStream, std::thread::JoinHandle<()>) {
+        let (relay, supervisor_end) = UnixStream::pair().unwrap();
+        let shared = f.shared.clone();
+        let id = id.to_string();
+        let handler = std::thread::spawn(move || {
+            create_member(shared, supervisor_end, id, Box::default(), Vec::new())
+        });
+        (relay, handler)
+    }
+
+    #[test]
+    fn a_member_s_stdio_and_exit_reach_its_relay_and_later_requests_name_it() {
+        let mut f = fixture();
+        let (mut relay, handler) = member_relay(&f, "app");
+        let stream = match f.next_request() {
+            HostMessage::CreateMember { id, .. } => id,
+            other => panic!("{other:?}"),
+        };
+        assert_ne!(stream, INIT_STREAM);
+        f.send(&GuestMessage::Reply(Reply::Created { pid: 9 }));
+        let reply: Reply = Frame::read_from(&mut relay)
+            .unwrap()
+            .parse_control()
+            .unwrap();
+        assert_eq!(reply, Reply::Created { pid: 9 });
+        Frame::data(Kind::Stdout, stream, b"from the member\n")
+            .write_to(&mut f.guest)
+            .unwrap();
+        let out = Frame::read_from(&mut relay).unwrap();
+        assert_eq!(
+            (out.kind, out.payload.as_slice()),
+            (Kind::Stdout, &b"from the member\n"[..])
+        );
+        assert!(f.stdout.0.lock().unwrap().is_empty(), "not the sandbox's");
+        // A request about the member names its stream.
+        let shared = f.shared.clone();
+        let asker = std::thread::spawn(move || {
+            let stream = member_stream(&shared, "app").unwrap();
+            answer_member(&shared, "app", stream, &SupervisorRequest::Ps)
+        });
+        assert_eq!(
+            f.next_request(),
+            HostMessage::Member {
+                id: stream,
+                request: MemberRequest::Ps
+            }
+        );
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        assert_eq!(asker.join().unwrap(), Ok(Reply::Ok));
+        assert!(member_stream(&f.shared, "other").is_err());
+        f.send(&GuestMessage::Exit {
+            id: stream,
+            status: 7,
+        });
+        let exit: ExecEvent = Frame::read_from(&mut relay)
+            .unwrap()
+            .parse_control()
+            .unwrap();
+        assert_eq!(exit, ExecEvent::Exit { status: 7 });
+        drop(relay);
+        handler.join().unwrap();
+    }
+
+    #[test]
+    fn a_member_the_guest_answers_with_nonsense_is_refused() {
+        let mut f = fixture();
+        let (mut relay, handler) = member_relay(&f, "app");
+        assert!(matches!(f.next_request(), HostMessage::CreateMember { .. }));
+        f.send(&GuestMessage::Reply(Reply::Pids {
+            pids: vec![1],
+            processes: Vec::new(),
+        }));
+        let reply: Reply = Frame::read_from(&mut relay)
+            .unwrap()
+            .parse_control()
+            .unwrap();
+        assert!(
+            matches!(&reply, Reply::Error { message } if message.contains("answered create")),
+            "{reply:?}"
+        );
+        handler.join().unwrap();
+        assert!(member_stream(&f.shared, "app").is_err(), "not registered");
+    }
+
+    #[test]
+    fn a_member_whose_relay_goes_away_is_killed_whole() {
+        let mut f = fixture();
+        let (relay, handler) = member_relay(&f, "app");
+        let stream = match f.next_request() {
+            HostMessage::CreateMember { id, .. } => id,
+            other => panic!("{other:?}"),
+        };
+        f.send(&GuestMessage::Reply(Reply::Created { pid: 9 }));
+        drop(relay);
+        assert_eq!(
+            f.next_request(),
+            HostMessage::Signal {
+                id: stream,
+                signal: SIGKILL,
+                all: true
+            }
+        );
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        handler.join().unwrap();
     }
 
     #[test]

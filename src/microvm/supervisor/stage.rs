@@ -168,6 +168,27 @@ pub fn share(share: &Path, staged: &[Staged]) -> Result<(), StageError> {
         what: format!("create {}", share.display()),
         source,
     })?;
+    // The share is a mount of its own with shared propagation, made before
+    // the file server starts: virtiofsd's sandbox makes its copy a slave
+    // of it, so what a pod member's relay attaches below it later (in this
+    // namespace, `microvm::pod`) reaches the guest through the file server
+    // the VM already has. QEMU's jail makes its own copy private.
+    mount(
+        Some(share),
+        share,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(sys(format!("bind {} onto itself", share.display())))?;
+    mount(
+        None::<&str>,
+        share,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .map_err(sys(format!("make {} a shared mount", share.display())))?;
     for s in staged {
         let target = share.join(&s.name);
         let meta = std::fs::metadata(&s.source).map_err(|source| StageError::Io {
