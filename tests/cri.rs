@@ -14,7 +14,9 @@
 //!     cargo test --release --test cri -- --nocapture
 
 use agentvm_test_support as common;
-use common::cri::{cri, Cri, Pod, PodSpec, HANDLER_AGENTVM, HANDLER_RUNC};
+use common::cri::{
+    cri, Cri, Pod, PodSpec, HANDLER_AGENTVM, HANDLER_AGENTVM_CONTAINER, HANDLER_RUNC,
+};
 use common::{require, unique_name, ISOLATION_ANNOTATION};
 
 /// The runtimes each case runs with: a CRI runtime handler and the pod's
@@ -38,6 +40,12 @@ fn run_pod(c: &Cri, prefix: &str, handler: &str, annotations: &[(&str, &str)]) -
 /// `ids` (containerd starts a shim with `-id <the first container's id>`;
 /// the pod's others join it).
 fn agentvm_shims_for(ids: &[&str]) -> Vec<String> {
+    shims_for("containerd-shim-agentvm-v2", ids)
+}
+
+/// The pids of the processes of shim binary `binary` (by its file name)
+/// started with `-id` one of `ids`.
+fn shims_for(binary: &str, ids: &[&str]) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
@@ -47,9 +55,7 @@ fn agentvm_shims_for(ids: &[&str]) -> Vec<String> {
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        let is_shim = args
-            .first()
-            .is_some_and(|a| a.ends_with("containerd-shim-agentvm-v2"));
+        let is_shim = args.first().is_some_and(|a| a.ends_with(binary));
         let id = args
             .iter()
             .position(|a| a == "-id")
@@ -502,4 +508,338 @@ fn a_pod_in_the_microvm_tier_is_one_vm() {
         "the VM's tap is left in the pod's namespace: {}",
         links_in(&netns)
     );
+}
+
+/// A tier's label, its CRI handler and the pod's annotations.
+type FaultRuntime = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
+/// The runtimes the fault and OOM cases run with: runc's shim (the
+/// reference), agentvm's container tier and, where a microVM can boot,
+/// agentvm's microvm tier (a pod as one VM).
+fn fault_runtimes() -> Vec<FaultRuntime> {
+    let mut runtimes: Vec<FaultRuntime> = vec![
+        ("runc", HANDLER_RUNC, &[]),
+        (
+            "container",
+            HANDLER_AGENTVM,
+            &[(ISOLATION_ANNOTATION, "container")],
+        ),
+    ];
+    match common::guest::unavailable() {
+        None => runtimes.push((
+            "microvm",
+            HANDLER_AGENTVM,
+            &[(ISOLATION_ANNOTATION, "microvm")],
+        )),
+        Some(why) => eprintln!("microvm: skipped: {why}"),
+    }
+    runtimes
+}
+
+/// The shim binary a handler's pods are served by.
+fn shim_binary(handler: &str) -> &'static str {
+    if handler == HANDLER_RUNC {
+        "containerd-shim-runc-v2"
+    } else {
+        "containerd-shim-agentvm-v2"
+    }
+}
+
+/// A pod of two sleeping containers, and their ids.
+fn pod_of_two(
+    c: &Cri,
+    prefix: &str,
+    handler: &str,
+    annotations: &[(&str, &str)],
+) -> (Pod, [String; 2]) {
+    let pod = run_pod(c, prefix, handler, annotations);
+    let ids = ["first", "second"].map(|name| {
+        c.start_container(&pod, name, &["sleep", "1000"], &[])
+            .unwrap_or_else(|e| panic!("{prefix} {handler}: {name}: {e}"))
+    });
+    (pod, ids)
+}
+
+/// The pod's network namespace, held open (by its first process with the
+/// pod's id whose namespace is not the test's) so its links can be looked
+/// at after the pod is gone.
+fn hold_netns(pod: &Pod) -> Option<std::fs::File> {
+    let mine = std::fs::read_link("/proc/self/ns/net").ok()?;
+    common::bundle::processes_with(&pod.id)
+        .iter()
+        .filter_map(|p| p.split_whitespace().next()?.parse::<i32>().ok())
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/ns/net")).is_ok_and(|ns| ns != mine))
+        .find_map(|pid| std::fs::File::open(format!("/proc/{pid}/ns/net")).ok())
+}
+
+/// The processes of the pod: those in the cgroups named by its ids (the
+/// containers' own processes, the pause process, a VM's supervisor, QEMU
+/// and virtiofsd) and those whose command line names an id (shims, relays),
+/// each as its pid and command line.
+fn pod_processes(ids: &[&str]) -> Vec<(i32, String)> {
+    let mut pids: Vec<i32> = ids
+        .iter()
+        .flat_map(|id| common::bundle::cgroups_named(id))
+        .filter_map(|cg| std::fs::read_to_string(cg.join("cgroup.procs")).ok())
+        .flat_map(|procs| {
+            procs
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect();
+    pids.extend(
+        ids.iter()
+            .flat_map(|id| common::bundle::processes_with(id))
+            .filter_map(|p| p.split_whitespace().next()?.parse::<i32>().ok()),
+    );
+    pids.sort_unstable();
+    pids.dedup();
+    pids.into_iter()
+        .filter_map(|pid| Some((pid, cmdline_of(pid)?)))
+        .collect()
+}
+
+fn cmdline_of(pid: i32) -> Option<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+}
+
+/// Those of `procs` that still run (same pid, same command line).
+fn still_running(procs: &[(i32, String)]) -> Vec<String> {
+    procs
+        .iter()
+        .filter(|(pid, cmd)| cmdline_of(*pid).is_some_and(|now| now == *cmd))
+        .map(|(pid, cmd)| format!("{pid}: {cmd}"))
+        .collect()
+}
+
+/// Waits for each container to be reported EXITED with a non-zero exit
+/// code through ContainerStatus, as a fault leaves them.
+fn expect_exited_nonzero(c: &Cri, what: &str, containers: &[String]) {
+    for id in containers {
+        let state = c
+            .wait_exited(id, 120)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_ne!(state.exit_code, 0, "{what}: {id}: {state:?}");
+        eprintln!("{what}: {id}: {state:?}");
+    }
+}
+
+/// StopPodSandbox and RemovePodSandbox after a fault, then: no container
+/// listed, no process naming the pod or its containers, no shim, no mount,
+/// no cgroup, and no tap in the pod's network namespace (if held).
+fn remove_after_fault(
+    c: &Cri,
+    what: &str,
+    handler: &str,
+    pod: &Pod,
+    containers: &[String],
+    netns: Option<&std::fs::File>,
+) {
+    c.remove_pod(pod).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let listed = c
+        .containers_of(pod)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(listed.is_empty(), "{what}: containers left: {listed:?}");
+    let mut ids = vec![pod.id.as_str()];
+    ids.extend(containers.iter().map(String::as_str));
+    let leftovers = || {
+        let mut left: Vec<String> = shims_for(shim_binary(handler), &ids);
+        left.extend(ids.iter().flat_map(|id| common::bundle::processes_with(id)));
+        left.extend(mounts_naming(&ids));
+        left.extend(
+            ids.iter()
+                .flat_map(|id| common::bundle::cgroups_named(id))
+                .map(|p| p.display().to_string()),
+        );
+        if let Some(ns) = netns {
+            let links = links_in(ns);
+            if links.contains("avtap") {
+                left.push(links);
+            }
+        }
+        left
+    };
+    let clean = common::wait_for(30, || leftovers().is_empty().then_some(()));
+    assert!(
+        clean.is_some(),
+        "{what}: left after StopPodSandbox/RemovePodSandbox: {:?}",
+        leftovers()
+    );
+}
+
+/// The shim killed mid-pod (SIGKILL): containerd sees its connection close,
+/// runs the shim's `delete` for each task (its cleanup path) and publishes
+/// their exits; CRI then reports the containers EXITED with a non-zero
+/// code, and StopPodSandbox/RemovePodSandbox leave nothing of the pod.
+/// runc's shim is the reference.
+#[test]
+fn a_killed_shim_is_reported_and_cleaned_up() {
+    let c = require!(cri());
+    for (tier, handler, annotations) in fault_runtimes() {
+        let what = format!("shim killed, {tier}");
+        let (pod, containers) = pod_of_two(c, "pod-shimkill", handler, annotations);
+        let netns = hold_netns(&pod);
+        let mut ids = vec![pod.id.as_str()];
+        ids.extend(containers.iter().map(String::as_str));
+        let shims = shims_for(shim_binary(handler), &ids);
+        assert_eq!(shims.len(), 1, "{what}: shims of the pod: {shims:?}");
+        let shim: i32 = shims[0].parse().expect("a pid");
+        if tier == "microvm" {
+            let vms: Vec<String> = common::bundle::processes_with("qemu-system-x86_64")
+                .into_iter()
+                .filter(|p| p.contains(&pod.id))
+                .collect();
+            assert_eq!(vms.len(), 1, "{what}: the pod's VM: {vms:?}");
+        }
+        let procs: Vec<(i32, String)> = pod_processes(&ids)
+            .into_iter()
+            .filter(|(pid, _)| *pid != shim)
+            .collect();
+        assert!(
+            procs.len() >= 3,
+            "{what}: the pod's processes (pause and two containers at least): {procs:?}"
+        );
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(shim),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap_or_else(|e| panic!("{what}: kill {shim}: {e}"));
+        expect_exited_nonzero(c, &what, &containers);
+        // containerd's cleanup (the shim's `delete` for each task) ended
+        // them, before any StopPodSandbox.
+        let ended = common::wait_for(30, || still_running(&procs).is_empty().then_some(()));
+        assert!(
+            ended.is_some(),
+            "{what}: running after the shim's delete: {:?}",
+            still_running(&procs)
+        );
+        remove_after_fault(c, &what, handler, &pod, &containers, netns.as_ref());
+        assert_eq!(still_running(&procs), Vec::<String>::new(), "{what}");
+    }
+}
+
+/// The pod's VM killed mid-pod, in the microvm tier: its QEMU, then (a
+/// second pod) its supervisor (the sandbox's pid), SIGKILLed. Every
+/// container of the pod is reported EXITED with a non-zero code, and
+/// StopPodSandbox/RemovePodSandbox leave nothing of the pod.
+#[test]
+fn a_killed_pod_vm_is_reported_and_cleaned_up() {
+    if let Some(why) = common::guest::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let c = require!(cri());
+    let handler = HANDLER_AGENTVM;
+    let annotations: &[(&str, &str)] = &[(ISOLATION_ANNOTATION, "microvm")];
+    for victim in ["qemu", "supervisor"] {
+        let what = format!("{victim} killed");
+        let (pod, containers) = pod_of_two(c, "pod-vmkill", handler, annotations);
+        let netns = hold_netns(&pod);
+        let pid = if victim == "qemu" {
+            common::bundle::processes_with("qemu-system-x86_64")
+                .iter()
+                .filter(|p| p.contains(&pod.id))
+                .find_map(|p| p.split_whitespace().next()?.parse().ok())
+        } else {
+            supervisor_of(&pod.id)
+        };
+        let pid: i32 = pid.unwrap_or_else(|| panic!("{what}: no {victim} for pod {}", pod.id));
+        let mut ids = vec![pod.id.as_str()];
+        ids.extend(containers.iter().map(String::as_str));
+        let procs = pod_processes(&ids);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap_or_else(|e| panic!("{what}: kill {pid}: {e}"));
+        expect_exited_nonzero(c, &what, &containers);
+        remove_after_fault(c, &what, handler, &pod, &containers, netns.as_ref());
+        assert_eq!(still_running(&procs), Vec::<String>::new(), "{what}");
+    }
+}
+
+/// 32 MiB, the memory limit of the OOM case's container.
+const OOM_LIMIT: i64 = 32 << 20;
+
+/// A container over its memory limit (CRI's `memory_limit_in_bytes`, 32
+/// MiB; dd's 64 MiB buffer) is OOM-killed: ContainerStatus says EXITED,
+/// exit code 137, reason `OOMKilled` (CRI's, from the shim's `TaskOOM`).
+/// The pod's other container runs on.
+#[test]
+fn a_containers_oom_is_reported_through_cri() {
+    let c = require!(cri());
+    for (tier, handler, annotations) in fault_runtimes() {
+        let what = format!("oom, {tier}");
+        let pod = run_pod(c, "pod-oom", handler, annotations);
+        let sleeper = c
+            .start_container(&pod, "sleeper", &["sleep", "1000"], &[])
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let hog = c
+            .start_container_limited(
+                &pod,
+                "hog",
+                &["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"],
+                &[],
+                Some(OOM_LIMIT),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let state = c
+            .wait_exited(&hog, 120)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        // The reason may follow the exit by the OOM watch's last look.
+        let state = common::wait_for(10, || {
+            let s = c.container_state(&hog).ok()?;
+            (s.reason == "OOMKilled").then_some(s)
+        })
+        .unwrap_or(state);
+        assert_eq!(
+            (state.exit_code, state.reason.as_str()),
+            (137, "OOMKilled"),
+            "{what}: {state:?}"
+        );
+        assert_eq!(
+            c.container_state(&sleeper).map(|s| s.state),
+            Ok("CONTAINER_RUNNING".to_string()),
+            "{what}: the pod's other container"
+        );
+        remove_and_check(c, handler, &pod, &[&sleeper, &hog]);
+    }
+}
+
+/// A handler picks the tier by its config file: `agentvm-container`'s
+/// `options` name a `ConfigPath` whose file says `isolation =
+/// "container"` (as a `RuntimeClass` `agentvm-container` would, with no pod
+/// annotation), where this host's default is the microvm tier. The pod's
+/// containers then run on the host's kernel, with no VM.
+#[test]
+fn a_handlers_config_file_picks_the_tier() {
+    let c = require!(cri());
+    let handler = HANDLER_AGENTVM_CONTAINER;
+    let pod = run_pod(c, "pod-cfg", handler, &[]);
+    let sleeper = c
+        .start_container(&pod, "sleeper", &["sleep", "1000"], &[])
+        .unwrap_or_else(|e| panic!("{handler}: {e}"));
+    let host_version = std::fs::read_to_string("/proc/version").expect("/proc/version");
+    let r = c
+        .exec_sync(&sleeper, &["cat", "/proc/version"])
+        .unwrap_or_else(|e| panic!("{handler}: {e}"));
+    assert_eq!(
+        r.stdout, host_version,
+        "{handler}: the host's kernel: {r:?}"
+    );
+    let vms: Vec<String> = common::bundle::processes_with("qemu-system-x86_64")
+        .into_iter()
+        .filter(|p| p.contains(&pod.id) || p.contains(&sleeper))
+        .collect();
+    assert!(vms.is_empty(), "{handler}: a VM for the pod: {vms:?}");
+    let shims = agentvm_shims_for(&[&pod.id, &sleeper]);
+    assert_eq!(shims.len(), 1, "{handler}: agentvm shims: {shims:?}");
+    remove_and_check(c, handler, &pod, &[&sleeper]);
 }

@@ -9,6 +9,7 @@
 mod console;
 mod metrics;
 mod oom;
+mod options;
 mod process;
 mod runtime;
 mod shim;

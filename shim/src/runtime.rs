@@ -104,15 +104,21 @@ impl Agentvm {
     /// `agentvm create`: the container's init (or supervisor) gets `stdio`,
     /// or with `console_socket` a terminal whose master agentvm sends
     /// there; its pid is read back from `pid_file`. Errors are read from
-    /// `log`, since the process's own stderr is the container's.
+    /// `log`, since the process's own stderr is the container's. `config`:
+    /// the agentvm config file for this container (a CRI handler's
+    /// `ConfigPath`), else agentvm's own default.
     pub fn create(
         &self,
         id: &str,
         bundle: &Path,
+        config: Option<&Path>,
         files: &ProcessFiles,
         stdio: CreateStdio,
     ) -> Result<i32, RuntimeError> {
         let mut c = self.command(Some(files.log));
+        if let Some(config) = config {
+            c.arg("--config").arg(config);
+        }
         c.arg("create").arg("--bundle").arg(bundle);
         if let Some(socket) = files.console_socket {
             c.arg("--console-socket").arg(socket);

@@ -80,6 +80,8 @@ pub enum TaskError {
     Console(#[from] ConsoleError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    #[error(transparent)]
+    Options(#[from] crate::options::OptionsError),
     #[error("cannot mount the rootfs {index} ({kind}) on {target}: {detail}")]
     Mount {
         index: usize,
@@ -98,7 +100,7 @@ impl From<TaskError> for ttrpc::Error {
             TaskError::Exists(_) => Code::ALREADY_EXISTS,
             TaskError::NotImplemented { .. } => Code::UNIMPLEMENTED,
             TaskError::State { .. } => Code::FAILED_PRECONDITION,
-            TaskError::Invalid(_) => Code::INVALID_ARGUMENT,
+            TaskError::Invalid(_) | TaskError::Options(_) => Code::INVALID_ARGUMENT,
             _ => Code::INTERNAL,
         };
         ttrpc::Error::RpcStatus(ttrpc::get_status(code, e.to_string()))
@@ -222,6 +224,8 @@ impl Service {
             });
         }
         let bundle = PathBuf::from(&req.bundle);
+        // The CRI handler's config file (its `ConfigPath` option), if any.
+        let config = crate::options::config_path(req.options.as_ref())?;
         let streams = Streams::open(&req.stdin, &req.stdout, &req.stderr, req.terminal)?;
         let mounted_rootfs = mount_rootfs(req, &bundle)?;
         let undo_mount = || {
@@ -233,6 +237,7 @@ impl Service {
         let created = self.agentvm.create(
             &req.id,
             &bundle,
+            config.as_deref(),
             &ProcessFiles {
                 pid_file: &bundle.join("init.pid"),
                 log: &bundle.join("agentvm-log.json"),

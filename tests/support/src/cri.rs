@@ -20,9 +20,10 @@ use std::time::Duration;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerStatusRequest, CreateContainerRequest,
-    ExecSyncRequest, ImageSpec, KeyValue, ListContainersRequest, PodSandboxConfig,
-    PodSandboxMetadata, PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    ExecSyncRequest, ImageSpec, KeyValue, LinuxContainerConfig, LinuxContainerResources,
+    ListContainersRequest, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
+    RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
+    StopContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -39,6 +40,16 @@ pub const PAUSE: &str = "docker.io/local/pause:latest";
 pub const HANDLER_RUNC: &str = "runc";
 /// The runtime handler of agentvm's shim.
 pub const HANDLER_AGENTVM: &str = "agentvm";
+/// A handler of agentvm's shim that picks the container tier with a config
+/// file of its own (its `ConfigPath` option), as a `RuntimeClass`
+/// `agentvm-container` would: no pod annotation needed.
+pub const HANDLER_AGENTVM_CONTAINER: &str = "agentvm-container";
+/// What that file says: the container tier.
+const CONTAINER_TIER_CONFIG: &str = "isolation = \"container\"\n";
+/// The config file [`HANDLER_AGENTVM_CONTAINER`] names.
+pub fn container_tier_config() -> PathBuf {
+    Path::new(RUN_DIR).join("containerd-cri/agentvm-container.toml")
+}
 /// The pods' CNI network: a bridge of its own, addresses from host-local.
 const BRIDGE: &str = "avcri0";
 const SUBNET: &str = "10.244.77.0/24";
@@ -62,8 +73,13 @@ fn cri_config(dir: &Path) -> String {
          \x20   [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.{HANDLER_AGENTVM}]\n\
          \x20     runtime_type = \"io.containerd.agentvm.v2\"\n\
          \x20     pod_annotations = [\"io.agentvm.*\"]\n\
-         \x20     container_annotations = [\"io.agentvm.*\"]\n",
-        dir.join("cni").display()
+         \x20     container_annotations = [\"io.agentvm.*\"]\n\
+         \x20   [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.{HANDLER_AGENTVM_CONTAINER}]\n\
+         \x20     runtime_type = \"io.containerd.agentvm.v2\"\n\
+         \x20     [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.{HANDLER_AGENTVM_CONTAINER}.options]\n\
+         \x20       ConfigPath = \"{}\"\n",
+        dir.join("cni").display(),
+        container_tier_config().display()
     )
 }
 
@@ -114,6 +130,10 @@ pub fn cri() -> Result<&'static Cri, String> {
         let dir = Path::new(RUN_DIR).join("containerd-cri");
         std::fs::create_dir_all(dir.join("cni")).map_err(|e| e.to_string())?;
         std::fs::write(dir.join("cni/10-agentvm-cri.conflist"), cni_config())
+            .map_err(|e| e.to_string())?;
+        std::fs::write(container_tier_config(), CONTAINER_TIER_CONFIG)
+            .map_err(|e| e.to_string())?;
+        std::fs::write(container_tier_config(), "isolation = \"container\"\n")
             .map_err(|e| e.to_string())?;
         let instance = Instance {
             name: "containerd-cri",
@@ -262,7 +282,29 @@ impl Cri {
         command: &[&str],
         annotations: &[(&str, &str)],
     ) -> Result<String, String> {
+        self.start_container_limited(pod, name, command, annotations, None)
+    }
+
+    /// As [`Cri::start_container`], with the container's memory limit in
+    /// bytes (`linux.resources.memory_limit_in_bytes`, what a pod spec's
+    /// `resources.limits.memory` becomes), if any.
+    pub fn start_container_limited(
+        &self,
+        pod: &Pod,
+        name: &str,
+        command: &[&str],
+        annotations: &[(&str, &str)],
+        memory_limit: Option<i64>,
+    ) -> Result<String, String> {
+        let linux = memory_limit.map(|limit| LinuxContainerConfig {
+            resources: Some(LinuxContainerResources {
+                memory_limit_in_bytes: limit,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
         let config = ContainerConfig {
+            linux,
             metadata: Some(ContainerMetadata {
                 name: name.into(),
                 attempt: 0,
