@@ -843,3 +843,55 @@ fn a_handlers_config_file_picks_the_tier() {
     assert_eq!(shims.len(), 1, "{handler}: agentvm shims: {shims:?}");
     remove_and_check(c, handler, &pod, &[&sleeper]);
 }
+
+/// CRI's streaming exec, as `kubectl exec` uses it: the Exec RPC returns a
+/// URL of containerd's streaming server, and a websocket to it with the
+/// `v4.channel.k8s.io` subprotocol carries stdout (channel 1), stderr (2)
+/// and the exit status (3); the older `channel.k8s.io` carries the output
+/// alike. In each tier beside runc's shim; in the microvm tier the command
+/// runs in the pod's VM (the guest's kernel).
+#[test]
+fn streaming_exec_over_a_websocket() {
+    use common::wsexec::{V1, V4};
+    let c = require!(cri());
+    let host_version = std::fs::read_to_string("/proc/version").expect("/proc/version");
+    for (tier, handler, annotations) in fault_runtimes() {
+        let what = format!("streaming exec, {tier}");
+        let pod = run_pod(c, "pod-stream", handler, annotations);
+        let sleeper = c
+            .start_container(&pod, "sleeper", &["sleep", "1000"], &[])
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let r = c
+            .exec_stream(
+                &sleeper,
+                &["sh", "-c", "echo to-out; echo to-err >&2; exit 3"],
+                V4,
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(r.protocol, V4, "{what}: {r:?}");
+        assert_eq!(
+            (r.stdout.as_str(), r.stderr.as_str(), r.exit_code()),
+            ("to-out\n", "to-err\n", Ok(3)),
+            "{what}: {r:?}"
+        );
+        let r = c
+            .exec_stream(&sleeper, &["sh", "-c", "echo $AGENTVM_TEST"], V4)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            (r.stdout.as_str(), r.exit_code()),
+            ("sleeper\n", Ok(0)),
+            "{what}: {r:?}"
+        );
+        let r = c
+            .exec_stream(&sleeper, &["cat", "/proc/version"], V1)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(r.protocol, V1, "{what}: {r:?}");
+        assert!(r.stdout.starts_with("Linux version"), "{what}: {r:?}");
+        assert_eq!(
+            r.stdout == host_version,
+            tier != "microvm",
+            "{what}: the kernel the exec ran on: {r:?}"
+        );
+        remove_and_check(c, handler, &pod, &[&sleeper]);
+    }
+}

@@ -20,10 +20,10 @@ use std::time::Duration;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerStatusRequest, CreateContainerRequest,
-    ExecSyncRequest, ImageSpec, KeyValue, LinuxContainerConfig, LinuxContainerResources,
-    ListContainersRequest, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
-    RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
-    StopContainerRequest, StopPodSandboxRequest,
+    ExecRequest, ExecSyncRequest, ImageSpec, KeyValue, LinuxContainerConfig,
+    LinuxContainerResources, ListContainersRequest, PodSandboxConfig, PodSandboxMetadata,
+    PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -361,6 +361,33 @@ impl Cri {
             stderr: String::from_utf8_lossy(&reply.stderr).into_owned(),
             exit_code: reply.exit_code,
         })
+    }
+
+    /// CRI's streaming exec of `cmd` (stdout and stderr, no stdin, no
+    /// terminal): the Exec RPC's URL on containerd's streaming server,
+    /// then a websocket with the subprotocol `protocol`
+    /// ([`super::wsexec`]).
+    pub fn exec_stream(
+        &self,
+        container: &str,
+        cmd: &[&str],
+        protocol: &str,
+    ) -> Result<super::wsexec::Streamed, String> {
+        let mut client = self.client();
+        let url = self
+            .call(
+                "Exec",
+                client.exec(ExecRequest {
+                    container_id: container.into(),
+                    cmd: cmd.iter().map(|s| s.to_string()).collect(),
+                    tty: false,
+                    stdin: false,
+                    stdout: true,
+                    stderr: true,
+                }),
+            )?
+            .url;
+        super::wsexec::run(&url, protocol).map_err(|e| format!("exec stream {url}: {e}"))
     }
 
     /// ContainerStatus: the state's name and the exit code.

@@ -45,6 +45,7 @@ pub mod otlp;
 pub mod podman;
 pub mod pty;
 pub mod rootfs;
+pub mod wsexec;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
