@@ -34,6 +34,8 @@ pub enum BenchError {
     Hung { id: String, secs: u64 },
     #[error("{0}")]
     ForeignAgentvm(String),
+    #[error("CRI: {0}")]
+    Cri(String),
     #[error("container {id}: not running {secs} s after `start`")]
     NotRunning { id: String, secs: u64 },
 }

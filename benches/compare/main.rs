@@ -12,7 +12,11 @@
 //! (d) networking on the tests' dockerd, without and with an egress
 //!     policy: TCP throughput both ways (`iperf3`), HTTP requests/s and
 //!     latency (`wrk`), a connection through agentvm's proxy against a
-//!     direct one, and what the network adds to `docker run` cold start.
+//!     direct one, and what the network adds to `docker run` cold start;
+//! (e) Kubernetes pods through containerd's CRI: pod start (RunPodSandbox +
+//!     one container) and teardown with runc's shim and agentvm's two
+//!     tiers, and the host memory of microvm-tier pods of 1 and 4
+//!     containers against 4 one-container pods.
 //!
 //! Rounds are interleaved: every round runs each runtime once, in an order
 //! that rotates from round to round, so machine noise hits all of them.
@@ -22,7 +26,8 @@
 //!     cargo bench --bench compare             # all parts (needs root)
 //!     cargo bench --bench compare -- oci      # only (a); `docker`: only
 //!                                             # (b); `memory`: only (c);
-//!                                             # `network`: only (d)
+//!                                             # `network`: only (d);
+//!                                             # `pod`: only (e)
 //!
 //! Environment: AGENTVM_BENCH_ROUNDS (a, default 50),
 //! AGENTVM_BENCH_DOCKER_ROUNDS (b, default 20),
@@ -32,6 +37,8 @@
 //! AGENTVM_BENCH_IDLE (c: idle containers per runtime, default 3),
 //! AGENTVM_BENCH_NET_SECONDS (d: length of each iperf3 and wrk run,
 //! default 5), AGENTVM_BENCH_NET_ROUNDS (d: cold-start rounds, default 10),
+//! AGENTVM_BENCH_POD_ROUNDS (e, default 10), AGENTVM_BENCH_MICROVM_POD_ROUNDS
+//! (e: at most this many for the microvm tier, default 5),
 //! AGENTVM_BENCH_REPORT (also write the markdown report to this file, and
 //! beside it, with the extension `.svg`, a chart of parts (a) and (c)).
 
@@ -42,6 +49,7 @@ mod machine;
 mod memory;
 mod network;
 mod oci;
+mod pod;
 mod qemu_floor;
 mod reaper;
 mod runtimes;
@@ -69,6 +77,7 @@ struct Options {
     docker: bool,
     memory: bool,
     network: bool,
+    pod: bool,
     oci_rounds: usize,
     docker_rounds: usize,
     microvm_rounds: usize,
@@ -76,6 +85,8 @@ struct Options {
     idle: usize,
     net_seconds: u64,
     net_rounds: usize,
+    pod_rounds: usize,
+    microvm_pod_rounds: usize,
     report: Option<PathBuf>,
 }
 
@@ -94,10 +105,10 @@ impl Options {
         // cargo bench passes `--bench`; other flags are not ours either.
         for arg in std::env::args().skip(1).filter(|a| !a.starts_with('-')) {
             match arg.as_str() {
-                "oci" | "docker" | "memory" | "network" => parts.push(arg),
+                "oci" | "docker" | "memory" | "network" | "pod" => parts.push(arg),
                 other => {
                     anyhow::bail!(
-                        "unknown part {other:?}: expected `oci`, `docker`, `memory` or `network`"
+                        "unknown part {other:?}: expected `oci`, `docker`, `memory`, `network` or `pod`"
                     )
                 }
             }
@@ -109,6 +120,7 @@ impl Options {
             docker: has("docker"),
             memory: has("memory"),
             network: has("network"),
+            pod: has("pod"),
             oci_rounds: env_count("AGENTVM_BENCH_ROUNDS", 50)?,
             docker_rounds: env_count("AGENTVM_BENCH_DOCKER_ROUNDS", 20)?,
             microvm_rounds: env_count("AGENTVM_BENCH_MICROVM_ROUNDS", 20)?,
@@ -116,6 +128,8 @@ impl Options {
             idle: env_count("AGENTVM_BENCH_IDLE", 3)?.max(1),
             net_seconds: env_count("AGENTVM_BENCH_NET_SECONDS", 5)?.max(1) as u64,
             net_rounds: env_count("AGENTVM_BENCH_NET_ROUNDS", 10)?,
+            pod_rounds: env_count("AGENTVM_BENCH_POD_ROUNDS", 10)?,
+            microvm_pod_rounds: env_count("AGENTVM_BENCH_MICROVM_POD_ROUNDS", 5)?,
             report: std::env::var_os("AGENTVM_BENCH_REPORT").map(PathBuf::from),
         })
     }
@@ -655,6 +669,11 @@ fn run() -> anyhow::Result<bool> {
                 versions.push((what, version));
             }
         }
+    }
+    if opts.pod {
+        let (section, ok) = pod::part(&opts);
+        sections.push(section);
+        all_ok &= ok;
     }
     let report = render(&versions, &notes, &sections);
     println!("{report}");
