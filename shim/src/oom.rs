@@ -5,7 +5,8 @@
 //! guest, whose kernel does the killing. One such command runs per
 //! container from its create on; it ends by itself once the container has
 //! stopped (after a last look, so a kill that ended the container is
-//! reported) or is gone.
+//! reported) or is gone; when the init exits the shim wakes it (SIGURG)
+//! for that last look at once.
 
 use std::io::{BufRead, BufReader};
 use std::sync::{Arc, Condvar, Mutex};
@@ -30,9 +31,27 @@ struct Line {
 pub struct Watch {
     done: Mutex<bool>,
     ended: Condvar,
+    /// The `agentvm events` process.
+    pid: Option<i32>,
 }
 
 impl Watch {
+    /// Asks `agentvm events` for its last look now (SIGURG cuts its wait
+    /// between looks short) rather than at its next one, up to a second
+    /// later: the container's init has exited.
+    pub fn wake(&self) {
+        let done = *self
+            .done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let (false, Some(pid)) = (done, self.pid) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGURG,
+            );
+        }
+    }
+
     fn finish(&self) {
         *self
             .done
@@ -76,7 +95,10 @@ pub fn watch(
     id: &str,
 ) -> Result<Arc<Watch>, RuntimeError> {
     let mut child = agentvm.spawn_events(id)?;
-    let watch = Arc::new(Watch::default());
+    let watch = Arc::new(Watch {
+        pid: i32::try_from(child.id()).ok(),
+        ..Watch::default()
+    });
     if let Some(stderr) = child.stderr.take() {
         let id = id.to_string();
         std::thread::spawn(move || {

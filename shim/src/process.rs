@@ -194,6 +194,7 @@ impl Shared {
                 console.wait_output(OUTPUT_DRAIN);
             }
             if let Some(oom) = oom {
+                oom.wake();
                 oom.wait(OOM_DRAIN);
             }
             shared.record_exit(&id, &exec_id, code);

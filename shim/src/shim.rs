@@ -53,6 +53,7 @@ impl containerd_shim::Shim for Shim {
         let grouping = sandbox_id(Path::new("config.json")).unwrap_or_else(|| opts.id.clone());
         let (_pid, address) = containerd_shim::spawn(opts, &grouping, Vec::new())?;
         write_address(&address)?;
+        quiet_late_signals();
         Ok(address)
     }
 
@@ -91,6 +92,25 @@ impl containerd_shim::Shim for Shim {
             Agentvm::new(&self.namespace),
             Arc::clone(&self.exit),
         )
+    }
+}
+
+/// Blocks SIGCHLD and SIGPIPE for the rest of `start`. The framework's
+/// signal handlers (signal-hook, set up before `start_shim`) write to a
+/// socket whose reading end goes away when `start` returns; a SIGCHLD after
+/// that (the spawned copy exits at once when the pod's shim already runs)
+/// made the handler's write fail with EPIPE, which raised SIGPIPE, whose
+/// handler wrote again: `start` spun in that loop until containerd killed
+/// it 120 s later, and StartContainer failed. Blocked, a late signal stays
+/// pending until `start` exits. (Blocked only now: the spawned shim must
+/// not inherit the mask.)
+fn quiet_late_signals() {
+    use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGCHLD);
+    set.add(Signal::SIGPIPE);
+    if let Err(e) = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None) {
+        log::warn!("cannot block SIGCHLD and SIGPIPE in start: {e}");
     }
 }
 

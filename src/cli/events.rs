@@ -14,6 +14,12 @@
 //! a few percent of a CPU at the default 100 ms; the shim looks once a
 //! second (a kill that ends the container is still seen at its end).
 //!
+//! `SIGURG` cuts a wait between looks short (agentvm's own): the shim sends
+//! it when the container's init has exited, so the last look, and the end
+//! of the stream that the shim waits for before it reports the exit, come
+//! at once rather than up to an `--oom-interval` later. SIGURG is ignored
+//! by default, so one sent before this command blocks it does nothing.
+//!
 //! Beside runc's figures, `data.egress` adds up the container's connection
 //! lines in the audit file (`allowed`, `denied` with the attempts a line
 //! stands for, `bytes_out`, `bytes_in`); the file is read once, then only
@@ -110,7 +116,7 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
         out.put(&stats_event(id, stats));
         return Ok(());
     }
-    let mut oom = match tier.oom_watch(ctx, id) {
+    let mut oom = match oom_watch(ctx, tier.as_ref(), id) {
         Ok(mut watch) => watch.kills(ctx).ok().map(|seen| {
             let seen = if args.oom_since_create { 0 } else { seen };
             (watch, seen)
@@ -120,6 +126,7 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
             None
         }
     };
+    let wake = Wake::block();
     let mut next = Instant::now() + interval;
     loop {
         if !report_ooms(ctx, id, &mut oom, &mut out) {
@@ -143,11 +150,81 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
         let wait = next.saturating_duration_since(Instant::now());
         // Without an OOM count to read the stop is still looked for as
         // often, so the stream ends when the container does.
-        std::thread::sleep(wait.min(oom_poll));
+        wake.sleep(wait.min(oom_poll));
     }
     // A kill that ended the container is counted before it is seen stopped.
     report_ooms(ctx, id, &mut oom, &mut out);
     Ok(())
+}
+
+/// The tier's OOM watch of container `id`. Tried a few times: the shim
+/// starts `events` right after `create`, while `start` may be rewriting
+/// the container's state file, which then cannot be read for a moment
+/// (and a watch given up on then would miss the kill of a workload over
+/// its limit).
+fn oom_watch(ctx: &Context, tier: &dyn Tier, id: &str) -> crate::tier::Result<Box<dyn OomWatch>> {
+    const TRIES: u32 = 10;
+    let mut tries = 0;
+    loop {
+        match tier.oom_watch(ctx, id) {
+            Ok(watch) => return Ok(watch),
+            Err(e) if tries + 1 >= TRIES => return Err(e),
+            Err(_) => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// The wake-up signal, blocked in this thread so that a wait can take it
+/// (`sigtimedwait`); `None` if it could not be blocked (waits are then
+/// plain sleeps).
+struct Wake(Option<nix::sys::signal::SigSet>);
+
+impl Wake {
+    fn block() -> Wake {
+        use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGURG);
+        match pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None) {
+            Ok(()) => Wake(Some(set)),
+            Err(e) => {
+                tracing::warn!("cannot block SIGURG, the wait is not cut short: {e}");
+                Wake(None)
+            }
+        }
+    }
+
+    /// Waits `d`, or less if the wake-up signal comes.
+    fn sleep(&self, d: Duration) {
+        let Some(set) = &self.0 else {
+            std::thread::sleep(d);
+            return;
+        };
+        let deadline = Instant::now() + d;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let ts = libc::timespec {
+                tv_sec: libc::time_t::try_from(left.as_secs()).unwrap_or(libc::time_t::MAX),
+                tv_nsec: libc::c_long::from(left.subsec_nanos()),
+            };
+            // SAFETY: `set` is an initialised sigset_t that outlives the
+            // call, a null info pointer is allowed, and `ts` is a valid
+            // timespec for the duration of the call.
+            let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
+            if r >= 0 {
+                return;
+            }
+            // EAGAIN: the time is up; EINTR: another signal, wait on.
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return;
+            }
+        }
+    }
 }
 
 /// Stdout, one JSON line per event; `put` is false once the reader has
