@@ -895,3 +895,39 @@ fn streaming_exec_over_a_websocket() {
         remove_and_check(c, handler, &pod, &[&sleeper]);
     }
 }
+
+/// ContainerStats through CRI (what `kubectl top` and the kubelet's
+/// eviction read): a container that has spun a shell loop reports CPU time
+/// and memory, in each tier beside runc's shim (in the microvm tier the
+/// figures are the guest's, of the container's own cgroup in the VM).
+#[test]
+fn container_stats_through_cri() {
+    let c = require!(cri());
+    for (tier, handler, annotations) in fault_runtimes() {
+        let what = format!("stats, {tier}");
+        let pod = run_pod(c, "pod-stats", handler, annotations);
+        let busy = c
+            .start_container(
+                &pod,
+                "busy",
+                &[
+                    "sh",
+                    "-c",
+                    "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; exec sleep 1000",
+                ],
+                &[],
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let usage = common::wait_for(30, || {
+            let u = c.container_stats(&busy).ok()?;
+            (u.cpu_ns > 0 && u.working_set > 0 && u.usage > 0).then_some(u)
+        });
+        assert!(
+            usage.is_some(),
+            "{what}: ContainerStats without CPU or memory: {:?}",
+            c.container_stats(&busy)
+        );
+        eprintln!("{what}: {usage:?}");
+        remove_and_check(c, handler, &pod, &[&busy]);
+    }
+}

@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, ContainerStatusRequest, CreateContainerRequest,
-    ExecRequest, ExecSyncRequest, ImageSpec, KeyValue, LinuxContainerConfig,
-    LinuxContainerResources, ListContainersRequest, PodSandboxConfig, PodSandboxMetadata,
-    PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    ContainerConfig, ContainerMetadata, ContainerStatsRequest, ContainerStatusRequest,
+    CreateContainerRequest, ExecRequest, ExecSyncRequest, ImageSpec, KeyValue,
+    LinuxContainerConfig, LinuxContainerResources, ListContainersRequest, PodSandboxConfig,
+    PodSandboxMetadata, PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -211,6 +211,14 @@ pub struct ExecResult {
     pub exit_code: i32,
 }
 
+/// What ContainerStats reports of a container.
+#[derive(Debug, Clone, Copy)]
+pub struct Usage {
+    pub cpu_ns: u64,
+    pub working_set: u64,
+    pub usage: u64,
+}
+
 /// A container's state and exit code as ContainerStatus reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerState {
@@ -388,6 +396,28 @@ impl Cri {
             )?
             .url;
         super::wsexec::run(&url, protocol).map_err(|e| format!("exec stream {url}: {e}"))
+    }
+
+    /// ContainerStats: the container's cumulative CPU time (ns), memory
+    /// working set and usage (bytes), 0 where CRI gives none.
+    pub fn container_stats(&self, container: &str) -> Result<Usage, String> {
+        let mut client = self.client();
+        let stats = self
+            .call(
+                "ContainerStats",
+                client.container_stats(ContainerStatsRequest {
+                    container_id: container.into(),
+                }),
+            )?
+            .stats
+            .ok_or("ContainerStats without stats")?;
+        let value = |v: Option<k8s_cri::v1::UInt64Value>| v.map_or(0, |v| v.value);
+        let memory = stats.memory.unwrap_or_default();
+        Ok(Usage {
+            cpu_ns: value(stats.cpu.and_then(|c| c.usage_core_nano_seconds)),
+            working_set: value(memory.working_set_bytes),
+            usage: value(memory.usage_bytes),
+        })
     }
 
     /// ContainerStatus: the state's name and the exit code.
