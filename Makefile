@@ -81,15 +81,18 @@ kernel-test: kernel
 
 # The builtin VMM's tests that need a standard hardware KVM, run inside the
 # test host (a QEMU TCG VM with AMD SVM and kvm_amd; docs/testing.md): the
-# real-KVM tests and a Linux guest booted by the builtin VMM. agentvm's
-# unit-test binary is static, so it runs there as it is. Exit 77 = cannot
-# run here: skipped, said so.
-test-builtin: kernel-testhost
-	@tests=$$($(CARGO) test --locked $(CARGO_PROFILE_FLAG) -p agentvm --lib --no-run --message-format=json \
-		| jq -r 'select(.reason == "compiler-artifact" and .target.name == "agentvm" and .profile.test and (.target.kind | index("lib"))) | .executable'); \
-	[ -n "$$tests" ] || { echo "test-builtin: cannot find agentvm's unit-test binary"; exit 1; }; \
+# real-KVM tests, a Linux guest booted by the builtin VMM, and the microvm
+# tier's own tests (tests/microvm.rs, tests/sandbox_network.rs) with
+# vmm = "builtin". agentvm and its test binaries are static, so they run
+# there as they are. Exit 77 = cannot run here: skipped, said so.
+TEST_EXE = $(CARGO) test --locked $(CARGO_PROFILE_FLAG) -p agentvm $(1) --no-run --message-format=json \
+	| jq -r 'select(.reason == "compiler-artifact" and .profile.test and .target.name == "$(2)") | .executable' | tail -n1
+test-builtin: kernel-testhost build
+	@lib=$$($(call TEST_EXE,--lib,agentvm)); microvm=$$($(call TEST_EXE,--test microvm,microvm)); \
+	network=$$($(call TEST_EXE,--test sandbox_network,sandbox_network)); \
+	[ -n "$$lib" ] && [ -n "$$microvm" ] && [ -n "$$network" ] || { echo "test-builtin: cannot find agentvm's test binaries"; exit 1; }; \
 	AGENTVM_KERNEL="$$(kernels/build.sh)" TESTHOST_KERNEL="$$(kernels/build.sh --flavor testhost)" \
-		tests/testhost/run.sh "$$tests"; rc=$$?; \
+		tests/testhost/run.sh "$$lib" $(BIN) "$$microvm" "$$network"; rc=$$?; \
 	if [ $$rc -eq 77 ]; then echo "test-builtin: skipped"; elif [ $$rc -ne 0 ]; then exit $$rc; fi
 
 test: deps lint unit-test kernel virtiofsd kernel-test test-builtin integration-test conformance

@@ -32,9 +32,10 @@ fn microvm() -> Result<Fixture, String> {
     std::fs::write(
         &config,
         format!(
-            "[microvm]\nkernel = {:?}\nvirtiofsd = {:?}\n",
+            "[microvm]\nkernel = {:?}\nvirtiofsd = {:?}\n{}",
             kernel.display().to_string(),
-            common::guest::VIRTIOFSD
+            common::guest::VIRTIOFSD,
+            common::guest::vmm_config_line()
         ),
     )
     .expect("write config.toml");
@@ -127,7 +128,7 @@ fn run_boots_its_own_kernel_and_returns_the_exit_code() {
     let f = require!(microvm());
     write_script(
         &f,
-        "uname -r; cat /proc/sys/kernel/random/boot_id; echo to-stderr >&2; exit 7",
+        "cat /proc/version /proc/sys/kernel/random/boot_id; echo to-stderr >&2; exit 7",
     );
     let out = f.agentvm(&["run", "--bundle", &bundle_arg(&f), "mv-run"]);
     assert_eq!(out.code, 7, "{out}");
@@ -135,7 +136,7 @@ fn run_boots_its_own_kernel_and_returns_the_exit_code() {
     assert_eq!(lines.len(), 2, "{out}");
     assert_ne!(
         lines[0],
-        common::host_uname_r(),
+        common::host_kernel_version(),
         "the guest runs the host's kernel"
     );
     assert_ne!(lines[1], common::host_boot_id(), "same boot id as the host");
@@ -189,14 +190,14 @@ fn lifecycle_with_exec_inside_the_guest() {
             id,
             "sh",
             "-c",
-            "uname -r; echo from-exec > /out/exec; cat /out/started",
+            "cat /proc/version; echo from-exec > /out/exec; cat /out/started",
         ])
         .ok();
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines.len(), 2, "{out}");
     assert_ne!(
         lines[0],
-        common::host_uname_r(),
+        common::host_kernel_version(),
         "exec ran on the host kernel"
     );
     assert_eq!(lines[1], "started", "{out}");
@@ -402,14 +403,18 @@ fn supervisor_killed_ends_as_stopped_and_delete_cleans_up() {
     let f = require!(microvm());
     let id = "mv-supkill";
     start_sleeper(&f, id);
-    let qemu = qemu_pid(&f, id).expect("a QEMU process for the container");
+    // The builtin VMM is the supervisor's own threads; QEMU a child.
+    let qemu = (!common::guest::builtin())
+        .then(|| qemu_pid(&f, id).expect("a QEMU process for the container"));
     kill(pid_of(&f, id), libc::SIGKILL);
     wait_for_status(&f, id, "stopped");
     // The VMM dies with its supervisor.
-    assert!(
-        wait_for(10, || common::process_gone(qemu).then_some(())).is_some(),
-        "QEMU {qemu} outlived its supervisor"
-    );
+    if let Some(qemu) = qemu {
+        assert!(
+            wait_for(10, || common::process_gone(qemu).then_some(())).is_some(),
+            "QEMU {qemu} outlived its supervisor"
+        );
+    }
     f.agentvm(&["delete", id]).ok();
     assert_nothing_left(&f, id);
 }
@@ -994,13 +999,156 @@ fn receive_master(listener: &std::os::unix::net::UnixListener) -> std::fs::File 
     panic!("no descriptor on the console socket");
 }
 
+/// Everything read from the pty `master` from now on, as it arrives.
+fn collect_output(master: &std::fs::File) -> std::sync::Arc<std::sync::Mutex<String>> {
+    use std::io::Read;
+    let mut reader = master.try_clone().expect("clone master");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = seen.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .expect("output lock")
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    seen
+}
+
+/// Sets the window size of the pty `master`.
+fn resize(master: &std::fs::File, rows: u16, cols: u16) {
+    use std::os::fd::AsRawFd;
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ on a pty master we own, with a valid winsize.
+    let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    assert_eq!(rc, 0, "resize the pty");
+}
+
+/// Types `line` into the terminal until its output holds every one of
+/// `want` (the shell may not be reading yet), or 60 s have passed.
+fn type_until(
+    master: &mut std::fs::File,
+    seen: &std::sync::Mutex<String>,
+    line: &[u8],
+    want: &[&str],
+) {
+    use std::io::Write;
+    let found = wait_for(60, || {
+        master.write_all(line).ok()?;
+        std::thread::sleep(Duration::from_millis(500));
+        let text = seen.lock().expect("output lock").clone();
+        want.iter().all(|w| text.contains(w)).then_some(())
+    });
+    assert!(
+        found.is_some(),
+        "the terminal's output, waiting for {want:?}: {:?}",
+        seen.lock().expect("output lock")
+    );
+}
+
+/// `docker run -it` in a microVM: the init's terminal is a pty in the
+/// guest whose master reaches the console socket; input, a resize and
+/// the exit status go through it; `exec -t` gets a terminal of its own.
+#[test]
+fn a_terminal_in_the_guest() {
+    use std::io::Write;
+    let f = require!(microvm());
+    let id = "mv-tty";
+    f.write_config(&["sh"], |c| {
+        c["process"]["terminal"] = true.into();
+        c["mounts"]
+            .as_array_mut()
+            .expect("mounts")
+            .push(serde_json::json!({
+                "destination": "/dev/pts", "type": "devpts", "source": "devpts",
+                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]
+            }));
+    });
+    let sock = f.dir.path().join("console.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("console socket");
+    let receiver = std::thread::spawn(move || receive_master(&listener));
+    f.agentvm(&[
+        "create",
+        "--bundle",
+        &bundle_arg(&f),
+        "--console-socket",
+        sock.to_str().expect("utf-8"),
+        id,
+    ])
+    .ok();
+    let mut master = receiver.join().expect("the pty master");
+    f.agentvm(&["start", id]).ok();
+    resize(&master, 33, 97);
+    let seen = collect_output(&master);
+    type_until(
+        &mut master,
+        &seen,
+        b"stty size; tty; cat /proc/version; echo sum-$((40+2))\n",
+        &["33 97", "/dev/pts/", "sum-42"],
+    );
+    assert!(
+        !seen
+            .lock()
+            .unwrap()
+            .contains(&common::host_kernel_version()),
+        "the terminal's shell runs on the host's kernel: {:?}",
+        seen.lock().unwrap()
+    );
+
+    // exec -t: a second pty, from a second console socket.
+    let exec_sock = f.dir.path().join("exec-console.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&exec_sock).expect("console socket");
+    let receiver = std::thread::spawn(move || receive_master(&listener));
+    let exec = f
+        .command(&[
+            "exec",
+            "--tty",
+            "--console-socket",
+            exec_sock.to_str().expect("utf-8"),
+            id,
+            "sh",
+        ])
+        .spawn()
+        .expect("start exec -t");
+    let mut exec_master = receiver.join().expect("the exec's pty master");
+    resize(&exec_master, 21, 61);
+    let exec_seen = collect_output(&exec_master);
+    type_until(
+        &mut exec_master,
+        &exec_seen,
+        b"stty size; echo exec-$((6*7))\n",
+        &["21 61", "exec-42"],
+    );
+    exec_master.write_all(b"exit 4\n").expect("exit the exec");
+    let status = exec.wait_with_output().expect("exec ends");
+    assert_eq!(status.status.code(), Some(4), "exec -t's exit status");
+
+    master.write_all(b"exit 6\n").expect("exit");
+    wait_for_status(&f, id, "stopped");
+    let recorded: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(f.root().join(format!("{id}/microvm.json"))).expect("microvm.json"),
+    )
+    .expect("json");
+    assert_eq!(recorded["exit_status"], 6, "{recorded}");
+    f.agentvm(&["delete", id]).ok();
+    assert_nothing_left(&f, id);
+}
+
 /// A pod member with a terminal (`kubectl run -it`): its pty master goes
 /// to the console socket at create, input and a resize reach the shell in
 /// the guest, and its exit status is the relay's.
 #[test]
 fn a_pod_member_with_a_terminal() {
-    use std::io::{Read, Write};
-    use std::os::fd::AsRawFd;
+    use std::io::Write;
     let f = require!(microvm());
     f.write_config(&["sleep", "1000"], |c| {
         c["annotations"] = serde_json::json!({
@@ -1041,39 +1189,13 @@ fn a_pod_member_with_a_terminal() {
     .ok();
     let mut master = receiver.join().expect("the pty master");
     f.agentvm(&["start", "tty"]).ok();
-    let size = libc::winsize {
-        ws_row: 41,
-        ws_col: 101,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCSWINSZ on the pty master we own, with a valid winsize.
-    let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
-    assert_eq!(rc, 0, "resize the pty");
-    let mut reader = master.try_clone().expect("clone master");
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let sink = seen.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = reader.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    let found = wait_for(60, || {
-        master.write_all(b"stty size; echo sum-$((20+22))\n").ok()?;
-        std::thread::sleep(Duration::from_millis(500));
-        let text = seen.lock().unwrap().clone();
-        (text.contains("41 101") && text.contains("sum-42")).then_some(())
-    });
-    assert!(
-        found.is_some(),
-        "the terminal's output: {:?}",
-        seen.lock().unwrap()
+    resize(&master, 41, 101);
+    let seen = collect_output(&master);
+    type_until(
+        &mut master,
+        &seen,
+        b"stty size; echo sum-$((20+22))\n",
+        &["41 101", "sum-42"],
     );
     master.write_all(b"exit 3\n").expect("exit");
     wait_for_status(&f, "tty", "stopped");

@@ -64,9 +64,10 @@ fn microvm_in() -> Result<Fixture, String> {
     std::fs::write(
         &config,
         format!(
-            "[microvm]\nkernel = {:?}\nvirtiofsd = {:?}\n[audit]\npath = {:?}\n",
+            "[microvm]\nkernel = {:?}\nvirtiofsd = {:?}\n{}[audit]\npath = {:?}\n",
             kernel.display().to_string(),
             common::guest::VIRTIOFSD,
+            common::guest::vmm_config_line(),
             f.dir.path().join("audit.jsonl").display().to_string(),
         ),
     )

@@ -4,7 +4,7 @@ use clap::Args;
 
 use crate::cli::GlobalOpts;
 use crate::config::Config;
-use crate::microvm::host::{detect_accel, Host};
+use crate::microvm::host::{detect_accel, Host, HostVmm};
 
 #[derive(Args, Debug)]
 pub struct CheckArgs {}
@@ -14,15 +14,25 @@ pub fn run(global: &GlobalOpts, _args: &CheckArgs) -> anyhow::Result<u8> {
     let (accel, why) = detect_accel();
     let mut text = String::new();
     text.push_str("container tier: available (namespaces, cgroups, seccomp, capabilities)\n");
-    let ok = match Host::probe(&config) {
+    let ok = match Host::probe_default(&config) {
         Ok(h) => {
+            let parts = match &h.vmm {
+                HostVmm::Qemu { qemu, virtiofsd } => format!(
+                    "  qemu: {}\n  virtiofsd: {}\n",
+                    qemu.display(),
+                    virtiofsd.display()
+                ),
+                HostVmm::Builtin => String::new(),
+            };
+            let vmm = match h.vmm {
+                HostVmm::Qemu { .. } => "qemu",
+                HostVmm::Builtin => "the builtin VMM",
+            };
             text.push_str(&format!(
-                "microvm tier: available with qemu ({}: {})\n  kernel: {}\n  qemu: {}\n  virtiofsd: {}\n",
+                "microvm tier: available with {vmm} ({}: {})\n  kernel: {}\n{parts}",
                 h.accel.as_str(),
                 h.accel_reason,
                 h.kernel.display(),
-                h.qemu.display(),
-                h.virtiofsd.display()
             ));
             if let Some(agent) = &h.guest_agent {
                 text.push_str(&format!("  guest agent: {}\n", agent.display()));
@@ -87,6 +97,6 @@ mod tests {
         let builtin = Config::parse("[microvm]\nvmm = \"builtin\"\n").unwrap();
         let (text, ok) = vmm_line(&builtin);
         assert!(!ok);
-        assert!(text.contains("cannot run containers yet"), "{text}");
+        assert!(text.contains("needs a standard hardware KVM"), "{text}");
     }
 }

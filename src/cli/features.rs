@@ -113,15 +113,16 @@ const SECCOMP_ARCHS: &[&str] = &["SCMP_ARCH_X86", "SCMP_ARCH_X86_64", "SCMP_ARCH
 pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
     let config = Config::load(global.config.as_deref())?;
     let (default_tier, source) = config.select_isolation(global.isolation, None)?;
-    let microvm = match crate::microvm::host::Host::probe(&config) {
+    let microvm = match crate::microvm::host::Host::probe_default(&config) {
         Ok(h) => format!(
-            "available: qemu microvm, {} ({}), IPv4 and IPv6 networking routed through the \
+            "available: {}, {} ({}), IPv4 and IPv6 networking routed through the \
              container's namespace, egress policy by address and by name (--egress; a proxy checks TLS SNI and HTTP Host); refused: the host's network \
              (--network host); update of the memory limit past what the VM booted for, up to \
              microvm.memory_ceiling_mib (a balloon); a Kubernetes pod is one microVM (a CRI \
              pod's further containers run in its sandbox's VM, each in its own mount, pid and \
              cgroup namespaces); not implemented yet: joining host namespaces by path, \
              update of vCPUs after create, pausing one container of a pod",
+            h.vmm_description(),
             h.accel.as_str(),
             h.accel_reason
         ),
@@ -141,7 +142,7 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
         "complete".to_string()
     } else {
         format!(
-            "not complete, refused by create: lacks {}",
+            "not complete, run only when asked for by name (auto picks qemu): lacks {}",
             crate::microvm::vmm::builtin::MISSING.join(", ")
         )
     };

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::config::Config;
+use crate::microvm::vmm::choice::BackendKind;
 
 /// Default guest kernel, installed by `make install` from kernels/.
 pub const DEFAULT_KERNEL: &str = "/usr/local/share/agentvm/vmlinux";
@@ -123,14 +124,22 @@ pub enum HostError {
     GuestAgent { path: PathBuf, why: String },
 }
 
+/// The VMM a microVM is booted with, and what it needs of the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostVmm {
+    /// QEMU's microvm machine, its file system served by virtiofsd.
+    Qemu { qemu: PathBuf, virtiofsd: PathBuf },
+    /// The builtin VMM inside the supervisor: nothing to find.
+    Builtin,
+}
+
 /// Everything the microvm tier needs, found.
 #[derive(Debug, Clone)]
 pub struct Host {
     pub accel: Accel,
     pub accel_reason: String,
     pub kernel: PathBuf,
-    pub qemu: PathBuf,
-    pub virtiofsd: PathBuf,
+    pub vmm: HostVmm,
     /// The guest's /init when it is not agentvm itself (`guest_agent`).
     pub guest_agent: Option<PathBuf>,
 }
@@ -143,9 +152,10 @@ pub fn find_in_path(name: &str) -> Option<PathBuf> {
 }
 
 impl Host {
-    /// Checks that a microVM can be started here; the error says what is
-    /// missing and how to get it.
-    pub fn probe(config: &Config) -> Result<Host, HostError> {
+    /// Checks that a microVM can be started here with the `backend` VMM
+    /// (QEMU needs its binary and virtiofsd, the builtin VMM neither); the
+    /// error says what is missing and how to get it.
+    pub fn probe(config: &Config, backend: BackendKind) -> Result<Host, HostError> {
         let guest_agent = config.microvm.guest_agent.clone();
         if let Some(path) = &guest_agent {
             check_guest_agent(path)?;
@@ -158,24 +168,52 @@ impl Host {
         if !kernel.is_file() {
             return Err(HostError::Kernel(kernel));
         }
-        let qemu = find_in_path(QEMU).ok_or(HostError::Qemu)?;
-        let virtiofsd = config
-            .microvm
-            .virtiofsd
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_VIRTIOFSD));
-        if !virtiofsd.is_file() {
-            return Err(HostError::Virtiofsd(virtiofsd));
-        }
+        let vmm = match backend {
+            BackendKind::Builtin => HostVmm::Builtin,
+            BackendKind::Qemu => {
+                let qemu = find_in_path(QEMU).ok_or(HostError::Qemu)?;
+                let virtiofsd = config
+                    .microvm
+                    .virtiofsd
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_VIRTIOFSD));
+                if !virtiofsd.is_file() {
+                    return Err(HostError::Virtiofsd(virtiofsd));
+                }
+                HostVmm::Qemu { qemu, virtiofsd }
+            }
+        };
         let (accel, accel_reason) = detect_accel();
         Ok(Host {
             accel,
             accel_reason,
             kernel,
-            qemu,
-            virtiofsd,
+            vmm,
             guest_agent,
         })
+    }
+}
+
+impl Host {
+    /// [`Host::probe`] for the backend a container that asks for none
+    /// gets (`agentvm check`, `features`); QEMU when the configured choice
+    /// cannot run here (which they report on their own line).
+    pub fn probe_default(config: &Config) -> Result<Host, HostError> {
+        let backend = crate::microvm::vmm::choice::for_container(config.microvm.vmm, None)
+            .map_or(BackendKind::Qemu, |d| d.backend);
+        Host::probe(config, backend)
+    }
+
+    /// The VMM in words, with the paths it runs.
+    pub fn vmm_description(&self) -> String {
+        match &self.vmm {
+            HostVmm::Qemu { qemu, virtiofsd } => format!(
+                "qemu microvm (qemu: {}, virtiofsd: {})",
+                qemu.display(),
+                virtiofsd.display()
+            ),
+            HostVmm::Builtin => "the builtin VMM (in the supervisor)".to_string(),
+        }
     }
 }
 

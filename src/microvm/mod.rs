@@ -119,7 +119,13 @@ pub fn create(ctx: &Context, id: &str, bundle: &Bundle, opts: CreateOptions) -> 
     let vmm =
         vmm::choice::for_container(ctx.config.microvm.vmm, bundle.spec.annotations().as_ref())?;
     tracing::debug!("container {id}: vmm {} ({})", vmm.backend.as_str(), vmm.why);
-    host::Host::probe(&ctx.config)?;
+    if vmm.backend == vmm::choice::BackendKind::Builtin && !vmm::builtin::complete() {
+        tracing::warn!(
+            "container {id}: the builtin VMM is not complete: it lacks {}",
+            vmm::builtin::MISSING.join(", ")
+        );
+    }
+    host::Host::probe(&ctx.config, vmm.backend)?;
     let terminal = bundle
         .spec
         .process()

@@ -5,12 +5,17 @@
 # KVM and KVM_AMD built in. Our machines' own /dev/kvm is kvm_pvm, which
 # cannot boot a Linux guest; the test host's can (docs/testing.md).
 #
-# Usage: tests/testhost/run.sh TEST_BINARY
+# Usage: tests/testhost/run.sh TEST_BINARY AGENTVM MICROVM_TESTS NETWORK_TESTS
 #   TEST_BINARY is agentvm's static unit-test executable
-#   (`cargo test --release -p agentvm --lib --no-run`); the Makefile finds it.
+#   (`cargo test --release -p agentvm --lib --no-run`), AGENTVM the static
+#   agentvm binary of the same build, MICROVM_TESTS and NETWORK_TESTS the
+#   microvm tier's integration tests (tests/microvm.rs and
+#   tests/sandbox_network.rs, `--test NAME --no-run`); the Makefile finds
+#   them.
 #
-# The test host boots from an initramfs holding busybox, TEST_BINARY, the
-# guest kernel and its own /init. The /init runs each step below and reports
+# The test host boots from an initramfs holding busybox, the three
+# binaries, the guest kernel, the script that makes the tests' busybox
+# rootfs (at the path the tests look for it) and its own /init. The /init runs each step below and reports
 # over the serial console, one line per event:
 #   agentvm-testhost: begin STEP
 #   agentvm-testhost: pass STEP SECONDS | agentvm-testhost: fail STEP SECONDS rc=N
@@ -26,7 +31,7 @@
 # `kernels/build.sh --flavor testhost` prints, building it if needed),
 # AGENTVM_KERNEL (the guest kernel; default: what `kernels/build.sh`
 # prints), AGENTVM_TSC_KHZ (host TSC in kHz), TESTHOST_TIMEOUT (seconds
-# before QEMU is killed, default 600), TESTHOST_LOG (a file to copy the
+# before QEMU is killed, default 1500), TESTHOST_LOG (a file to copy the
 # console to), TESTHOST_ATTEMPTS (boots of the test host before a failure
 # stands, default 2: see boot_testhost's caller), TESTHOST_APPEND (more
 # test-host kernel parameters).
@@ -34,12 +39,35 @@ set -euo pipefail
 
 readonly MARK=agentvm-testhost
 # The steps the test host runs, in order; each must report `pass`.
-readonly STEPS=(kvm-amd-nested-paging real-kvm-tests linux-under-builtin-vmm)
+readonly STEPS=(kvm-amd-nested-paging real-kvm-tests linux-under-builtin-vmm
+    microvm-tier-under-builtin-vmm network-under-builtin-vmm)
+# The microvm tier's own tests (tests/microvm.rs) that run with
+# vmm = "builtin": a container's whole life in a microVM of the builtin
+# VMM. The others drive QEMU's processes (its jail, its pid killed, its
+# balloon) and say so when run under the builtin VMM.
+readonly MICROVM_TESTS=(
+    run_boots_its_own_kernel_and_returns_the_exit_code
+    lifecycle_with_exec_inside_the_guest
+    a_terminal_in_the_guest
+    missing_kernel_is_a_clear_error_and_leaves_nothing
+    supervisor_killed_ends_as_stopped_and_delete_cleans_up
+    guest_kernel_panic_ends_the_container
+    guest_cannot_reach_host_files_through_the_share
+    a_pod_member_runs_in_its_sandbox_s_vm
+    a_pod_member_with_a_terminal
+)
+# The microvm tier's network tests (tests/sandbox_network.rs) that run
+# without an egress policy (its nftables are not in the test host).
+readonly NETWORK_TESTS=(
+    the_guest_owns_the_address_and_gives_it_back
+    the_peer_reaches_a_server_in_the_guest
+)
 repo=$(dirname "$(dirname "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")")")
-timeout_s=${TESTHOST_TIMEOUT:-600}
+timeout_s=${TESTHOST_TIMEOUT:-1500}
 # Seconds a step may run inside the test host before it is killed (its
-# tests take seconds; a hung one must not hold the whole run).
-readonly STEP_TIMEOUT=180
+# tests take seconds, the microvm tier's a few minutes: each boots nested
+# guests; a hung one must not hold the whole run).
+readonly STEP_TIMEOUT=900
 passed=0
 failed=0
 
@@ -63,6 +91,19 @@ require_tools() {
     if readelf -l /bin/busybox 2>/dev/null | grep -q INTERP; then
         skip "/bin/busybox is dynamically linked (install busybox-static, not busybox)"
     fi
+    [[ -x /usr/sbin/ip ]] || skip "/usr/sbin/ip not found (Debian package iproute2)"
+}
+
+# copy_program PROGRAM ROOT DEST: copies PROGRAM to ROOT/DEST and the
+# shared libraries it loads (as ldd finds them) to their own paths under
+# ROOT: the network tests need iproute2's `ip` (netns, veth), which
+# busybox's lacks.
+copy_program() {
+    local program=$1 root=$2 dest=$3 lib
+    install -D -m 0755 "$program" "$root/$dest"
+    for lib in $(ldd "$program" | grep -o '/[^ ]*'); do
+        install -D -m 0755 "$(readlink -f "$lib")" "$root$lib"
+    done
 }
 
 # The host TSC frequency in kHz (as kernels/smoke-boot.sh finds it): under
@@ -87,12 +128,26 @@ write_init() {
     cat >"$1" <<EOF
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
-export PATH=/bin
+export PATH=/usr/local/sbin:/bin
 mkdir -p /proc /sys /dev /tmp
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
+# Kernel messages (KVM's notes on unhandled MSRs, links coming up) go to
+# the log only: on the console they would split the tests' result lines.
+dmesg -n 1
+mkdir -p /run /var/lib /sys/fs/cgroup /dev/pts
+mount -t tmpfs -o mode=0755 tmpfs /run
+ln -s /run /var/run
+mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
+ln -sf pts/ptmx /dev/ptmx
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+# The root cgroup hands every controller down, as systemd's does.
+for c in \$(cat /sys/fs/cgroup/cgroup.controllers); do
+    echo "+\$c" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+done
+ip link set lo up
 echo "$MARK: booted \$(cut -d' ' -f1 /proc/uptime)"
 passed=0
 failed=0
@@ -129,6 +184,14 @@ export AGENTVM_KERNEL=/guest/vmlinux
 step kvm-amd-nested-paging kvm_amd
 step real-kvm-tests /bin/agentvm-tests --test-threads=1 --nocapture microvm::vmm::builtin::kvm_tests
 step linux-under-builtin-vmm /bin/agentvm-tests --test-threads=1 --nocapture microvm::vmm::builtin::linux_tests
+# The microvm tier's own tests, each container in a microVM of the builtin
+# VMM (/init stays pid 1 in the root cgroup; the containers get theirs).
+# --show-output, not --nocapture: each test's "test NAME ... ok" line stays
+# whole (the host checks every name), and what a test printed, a
+# 'skipped:' among it, still reaches the console.
+export AGENTVM_TEST_VMM=builtin AGENTVM_TEST_BINARY=/bin/agentvm
+step microvm-tier-under-builtin-vmm /bin/microvm-tests --test-threads=1 --show-output --exact ${MICROVM_TESTS[*]}
+step network-under-builtin-vmm /bin/network-tests --test-threads=1 --show-output --exact ${NETWORK_TESTS[*]}
 echo "$MARK: done passed=\$passed failed=\$failed"
 reboot -f
 EOF
@@ -174,6 +237,15 @@ boot_testhost() {
             *) fail "$name: ${result#"$MARK: fail $name "}" ;;
         esac
     done
+    # Each test named for a step ran and passed under the builtin VMM (a
+    # name that matches nothing would make --exact run nothing).
+    for name in "${MICROVM_TESTS[@]}" "${NETWORK_TESTS[@]}"; do
+        if grep -qE "^test $name \.\.\. ok\s*\$" "$tmp/console.log"; then
+            pass "$name under the builtin VMM"
+        else
+            fail "$name under the builtin VMM: not reported ok"
+        fi
+    done
     if [[ $qemu_rc == 0 ]] && grep -q "^$MARK: done " "$tmp/console.log"; then
         pass "test host ran reboot -f; QEMU exited 0 after $(awk -v a="$t_start" -v b="$t_end" 'BEGIN { printf "%.2f", b - a }') s"
     else
@@ -182,14 +254,16 @@ boot_testhost() {
 }
 
 main() {
-    [[ $# == 1 ]] || { echo "usage: tests/testhost/run.sh TEST_BINARY" >&2; exit 2; }
-    local tests=$1
+    [[ $# == 4 ]] || { echo "usage: tests/testhost/run.sh TEST_BINARY AGENTVM MICROVM_TESTS NETWORK_TESTS" >&2; exit 2; }
+    local tests=$1 agentvm=$2 microvm_tests=$3 network_tests=$4 bin
     require_tools
-    [[ -x $tests ]] || { fail "test binary $tests not found"; finish; }
-    if readelf -l "$tests" 2>/dev/null | grep -q INTERP; then
-        fail "test binary $tests is dynamically linked (the test host has no libraries)"
-        finish
-    fi
+    for bin in "$tests" "$agentvm" "$microvm_tests" "$network_tests"; do
+        [[ -x $bin ]] || { fail "binary $bin not found"; finish; }
+        if readelf -l "$bin" 2>/dev/null | grep -q INTERP; then
+            fail "binary $bin is dynamically linked (the test host has no libraries)"
+            finish
+        fi
+    done
     local khz
     khz=$(host_tsc_khz) || skip "cannot tell the host TSC frequency (set AGENTVM_TSC_KHZ)"
     local host_kernel=${TESTHOST_KERNEL:-} guest_kernel=${AGENTVM_KERNEL:-}
@@ -205,6 +279,14 @@ main() {
     mkdir -p "$tmp/root/bin" "$tmp/root/guest" "$tmp/root/dev"
     cp /bin/busybox "$tmp/root/bin/busybox"
     cp "$tests" "$tmp/root/bin/agentvm-tests"
+    cp "$agentvm" "$tmp/root/bin/agentvm"
+    cp "$microvm_tests" "$tmp/root/bin/microvm-tests"
+    cp "$network_tests" "$tmp/root/bin/network-tests"
+    copy_program /usr/sbin/ip "$tmp/root" /usr/local/sbin/ip
+    # The tests make their rootfs with this script, found by its path in
+    # the source tree.
+    mkdir -p "$tmp/root$repo/tests/images"
+    cp "$repo/tests/images/busybox-rootfs.sh" "$tmp/root$repo/tests/images/"
     cp "$guest_kernel" "$tmp/root/guest/vmlinux"
     write_init "$tmp/root/init"
     (cd "$tmp/root" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) >"$tmp/initramfs.cpio"
@@ -215,7 +297,7 @@ main() {
     # test host itself (docs/testing.md, "The test host").
     local append="console=ttyS0 reboot=t panic=-1 no_timer_check tsc_early_khz=$khz tsc=reliable kvm_amd.vgif=0 ${TESTHOST_APPEND:-}"
     # shellcheck disable=SC2054 # the commas are QEMU's option syntax
-    local qemu=(qemu-system-x86_64 -M microvm,acpi=off -accel tcg -cpu max -m 1024 -smp 2
+    local qemu=(qemu-system-x86_64 -M microvm,acpi=off -accel tcg -cpu max -m 2048 -smp 2
         -nographic -no-reboot -kernel "$host_kernel" -initrd "$tmp/initramfs.cpio" -append "$append")
     log "test host kernel $host_kernel, guest kernel $guest_kernel, tests $tests"
     local attempt attempts=${TESTHOST_ATTEMPTS:-2}

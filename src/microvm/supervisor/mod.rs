@@ -219,7 +219,10 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     let mut trace = trace::BootTrace::new(Instant::now());
     let mut state = VmState::load(dir)?;
     let spec = state.spec()?;
-    let host = Host::probe(&args.config)?;
+    // The same choice `create` made from the same config and annotations.
+    let vmm =
+        super::vmm::choice::for_container(args.config.microvm.vmm, spec.annotations().as_ref())?;
+    let host = Host::probe(&args.config, vmm.backend)?;
 
     stage::private_mounts()?;
     stage::network(&spec)?;
@@ -352,10 +355,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             std::process::id(),
         ),
     };
-    // The same choice `create` made from the same config and annotations.
-    let vmm =
-        super::vmm::choice::for_container(args.config.microvm.vmm, spec.annotations().as_ref())?;
-    let backend = super::vmm::for_host(&host, vmm.backend);
+    let backend = super::vmm::for_host(&host);
     tracing::info!(
         "container {}: booting {} vCPU / {} MiB microVM with {} ({}: {})",
         state.id,

@@ -98,14 +98,6 @@ impl BackendKind {
 pub enum ChoiceError {
     #[error("unknown vmm {0:?}: expected \"auto\", \"builtin\" or \"qemu\"")]
     Unknown(String),
-    #[error(
-        "vmm \"builtin\" (from {from}) cannot run containers yet: it lacks {}; use vmm = \"qemu\" or \"auto\"",
-        .missing.join(", ")
-    )]
-    BuiltinIncomplete {
-        from: ChoiceSource,
-        missing: Vec<&'static str>,
-    },
     #[error("vmm \"builtin\" (from {from}) needs a standard hardware KVM: {why}")]
     NoHardwareKvm { from: ChoiceSource, why: String },
 }
@@ -225,21 +217,19 @@ pub fn decide(
             BackendKind::Qemu,
             format!("vmm = \"qemu\" (from {source})"),
         )),
-        VmmChoice::Builtin => {
-            if !missing.is_empty() {
-                return Err(ChoiceError::BuiltinIncomplete {
-                    from: source,
-                    missing: missing.to_vec(),
-                });
-            }
-            match host.standard() {
-                Ok(kvm) => Ok(decision(
-                    BackendKind::Builtin,
-                    format!("vmm = \"builtin\" (from {source}), {kvm}"),
-                )),
-                Err(why) => Err(ChoiceError::NoHardwareKvm { from: source, why }),
-            }
-        }
+        // Asked for by name, an incomplete builtin VMM runs, and says what
+        // it lacks (`create` logs it as a warning); `auto` never picks it.
+        VmmChoice::Builtin => match host.standard() {
+            Ok(kvm) if missing.is_empty() => Ok(decision(
+                BackendKind::Builtin,
+                format!("vmm = \"builtin\" (from {source}), {kvm}"),
+            )),
+            Ok(kvm) => Ok(decision(
+                BackendKind::Builtin,
+                format!("vmm = \"builtin\" (from {source}), {kvm}; {}", incomplete()),
+            )),
+            Err(why) => Err(ChoiceError::NoHardwareKvm { from: source, why }),
+        },
         VmmChoice::Auto => match (host.standard(), missing.is_empty()) {
             (Ok(kvm), true) => Ok(decision(BackendKind::Builtin, format!("auto: {kvm}"))),
             (Ok(kvm), false) => Ok(decision(
@@ -315,20 +305,21 @@ mod tests {
     }
 
     #[test]
-    fn builtin_where_it_cannot_run_is_an_error_naming_what_is_missing() {
+    fn builtin_by_name_runs_incomplete_saying_what_it_lacks_and_needs_a_standard_kvm() {
         let hw = host(INTEL, &["kvm_intel"]);
-        let err = decide(
+        let d = decide(
             VmmChoice::Builtin,
             ChoiceSource::Annotation,
             &hw,
             &["virtio-fs", "virtio-net"],
         )
-        .unwrap_err()
-        .to_string();
-        assert_eq!(
-            err,
-            "vmm \"builtin\" (from annotation io.agentvm.vmm) cannot run containers yet: \
-             it lacks virtio-fs, virtio-net; use vmm = \"qemu\" or \"auto\""
+        .unwrap();
+        assert_eq!(d.backend, BackendKind::Builtin);
+        assert!(
+            d.why
+                .ends_with("the builtin VMM is not complete (it lacks virtio-fs, virtio-net)"),
+            "{}",
+            d.why
         );
         let pvm = host(PVM_GUEST, &["kvm_pvm"]);
         let err = decide(VmmChoice::Builtin, ChoiceSource::ConfigFile, &pvm, &[])
@@ -336,15 +327,16 @@ mod tests {
             .to_string();
         assert!(err.contains("needs a standard hardware KVM"), "{err}");
         assert!(!err.contains('\n'));
-        // Today's builtin VMM is incomplete: refused on every host.
+        // Today's builtin VMM is incomplete: auto never picks it.
         assert!(!super::super::builtin::complete());
-        assert!(decide(
-            VmmChoice::Builtin,
+        let d = decide(
+            VmmChoice::Auto,
             ChoiceSource::Default,
             &hw,
-            super::super::builtin::MISSING
+            super::super::builtin::MISSING,
         )
-        .is_err());
+        .unwrap();
+        assert_eq!(d.backend, BackendKind::Qemu);
     }
 
     #[test]

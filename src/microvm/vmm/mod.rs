@@ -118,13 +118,15 @@ pub trait Backend {
 }
 
 /// The backend `create` chose for a container ([`choice::for_container`],
-/// which refuses the builtin VMM while it is incomplete).
-pub fn for_host(host: &crate::microvm::host::Host, kind: choice::BackendKind) -> Box<dyn Backend> {
-    match kind {
-        choice::BackendKind::Builtin => Box::new(builtin::backend::Builtin),
-        choice::BackendKind::Qemu => Box::new(qemu::Qemu {
-            qemu: host.qemu.clone(),
-            virtiofsd: host.virtiofsd.clone(),
+/// which refuses the builtin VMM while it is incomplete), as the host was
+/// probed for it.
+pub fn for_host(host: &crate::microvm::host::Host) -> Box<dyn Backend> {
+    use crate::microvm::host::HostVmm;
+    match &host.vmm {
+        HostVmm::Builtin => Box::new(builtin::backend::Builtin),
+        HostVmm::Qemu { qemu, virtiofsd } => Box::new(qemu::Qemu {
+            qemu: qemu.clone(),
+            virtiofsd: virtiofsd.clone(),
         }),
     }
 }

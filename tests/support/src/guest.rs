@@ -41,9 +41,51 @@ pub fn kernel() -> Result<PathBuf, String> {
     Ok(vmlinux)
 }
 
+/// The VMM backend the microvm tests ask for: `$AGENTVM_TEST_VMM`
+/// (`builtin` or `qemu`), written as `vmm` in the tests' config file;
+/// `None` leaves agentvm's own choice (`auto`).
+pub fn vmm() -> Option<String> {
+    std::env::var("AGENTVM_TEST_VMM")
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
+/// Whether the tests run the builtin VMM (`AGENTVM_TEST_VMM=builtin`,
+/// which `make test-builtin` sets inside its test host).
+pub fn builtin() -> bool {
+    vmm().as_deref() == Some("builtin")
+}
+
+/// The `[microvm]` lines naming the VMM the tests ask for, if any.
+pub fn vmm_config_line() -> String {
+    vmm().map(|v| format!("vmm = {v:?}\n")).unwrap_or_default()
+}
+
+/// Why the builtin VMM cannot run here: it needs a standard hardware KVM
+/// (these machines' `/dev/kvm` is `kvm_pvm`, on which a Linux guest cannot
+/// boot; `make test-builtin` runs these tests inside its test host).
+fn builtin_unavailable() -> Option<String> {
+    if !Path::new("/dev/kvm").exists() {
+        return Some("the builtin VMM needs /dev/kvm".into());
+    }
+    let loaded = |m: &str| Path::new("/sys/module").join(m).exists();
+    if loaded("kvm_pvm") || !(loaded("kvm_intel") || loaded("kvm_amd")) {
+        return Some(
+            "the builtin VMM needs a standard hardware KVM (kvm_intel or kvm_amd, not kvm_pvm); \
+             make test-builtin runs these tests inside its test host"
+                .into(),
+        );
+    }
+    None
+}
+
 /// Why a microVM cannot be booted here, if it cannot: QEMU, virtiofsd or
-/// the kernel is missing.
+/// the kernel is missing (for the builtin VMM: a standard KVM or the
+/// kernel).
 pub fn unavailable() -> Option<String> {
+    if builtin() {
+        return builtin_unavailable().or_else(|| kernel().err());
+    }
     if Command::new("qemu-system-x86_64")
         .arg("--version")
         .output()
@@ -76,9 +118,10 @@ pub fn microvm_fixture(extra: &str) -> Result<super::bundle::Fixture, String> {
     std::fs::write(
         &config,
         format!(
-            "[microvm]\nkernel = {:?}\nvirtiofsd = {:?}\n{extra}",
+            "[microvm]\nkernel = {:?}\nvirtiofsd = {:?}\n{}{extra}",
             kernel.display().to_string(),
-            VIRTIOFSD
+            VIRTIOFSD,
+            vmm_config_line()
         ),
     )
     .map_err(|e| format!("cannot write {}: {e}", config.display()))?;

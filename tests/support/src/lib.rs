@@ -221,6 +221,15 @@ pub fn host_boot_id() -> String {
 
 /// This host's kernel release (`uname -r`), which a microVM's guest does
 /// not share.
+/// The host kernel's /proc/version: its release and build (two kernels
+/// built from one source differ here, not in `uname -r`).
+pub fn host_kernel_version() -> String {
+    std::fs::read_to_string("/proc/version")
+        .expect("/proc/version")
+        .trim()
+        .to_string()
+}
+
 pub fn host_uname_r() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .expect("osrelease")
