@@ -231,7 +231,8 @@ fn check(config: &Config) {
 
     // The VMM backend a container that picks none gets, on a host with a
     // standard KVM and on one without: `auto` and `qemu` always give one,
-    // `builtin` only once the builtin VMM is complete.
+    // `builtin` wherever there is a standard KVM (saying what it lacks
+    // while incomplete), and `auto` picks it only once it is complete.
     {
         use agentvm::microvm::vmm::builtin;
         use agentvm::microvm::vmm::choice::{decide, requested, HostKvm, VmmChoice};
@@ -246,8 +247,17 @@ fn check(config: &Config) {
             match choice {
                 VmmChoice::Auto | VmmChoice::Qemu => assert!(d.is_ok(), "{choice}: {d:?}"),
                 VmmChoice::Builtin => {
-                    assert_eq!(d.is_ok(), builtin::complete() && host.standard().is_ok())
+                    assert_eq!(d.is_ok(), host.standard().is_ok(), "{d:?}");
+                    if let Ok(d) = &d {
+                        assert_eq!(d.why.contains("not complete"), !builtin::complete());
+                    }
                 }
+            }
+            if let (VmmChoice::Auto, Ok(d)) = (choice, &d) {
+                assert_eq!(
+                    d.backend == agentvm::microvm::vmm::choice::BackendKind::Builtin,
+                    builtin::complete() && host.standard().is_ok()
+                );
             }
         }
     }
