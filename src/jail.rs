@@ -173,3 +173,31 @@ pub fn become_user(uid: u32) -> Result<(), JailError> {
         .map_err(|e| JailError::Capabilities(e.to_string()))?;
     Ok(())
 }
+
+/// Runs `f` in a forked child and returns the child's wait status: how the
+/// jails' tests try what a jailed process must not do (a fatal call ends
+/// the child, not the test).
+#[cfg(test)]
+pub fn in_forked_child(f: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: fork in a test; the child runs `f` and leaves with _exit,
+    // never returning into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = f();
+        // SAFETY: _exit ends the child without running atexit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waitpid on our own child with a valid out-pointer.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    status
+}
+
+/// Whether the tests run as root (the jails drop capabilities, which
+/// needs them).
+#[cfg(test)]
+pub fn am_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}

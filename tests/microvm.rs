@@ -398,6 +398,132 @@ fn start_sleeper(f: &Fixture, id: &str) {
     wait_for_file(f, "up");
 }
 
+/// `pause` stops the guest (a loop in it counts no further) and `resume`
+/// lets it go on; the state says so in between, as runc's does.
+#[test]
+fn pause_stops_the_guest_and_resume_lets_it_go_on() {
+    let f = require!(microvm());
+    let id = "mv-pause";
+    write_script(
+        &f,
+        "i=0; while :; do i=$((i+1)); echo $i > /out/tick.new; mv /out/tick.new /out/tick; sleep 0.1; done",
+    );
+    f.create(id).ok();
+    f.agentvm(&["start", id]).ok();
+    let tick = || -> u64 {
+        std::fs::read_to_string(out_dir(&f).join("tick"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        wait_for(60, || (tick() > 2).then_some(())).is_some(),
+        "the loop never ran"
+    );
+    f.agentvm(&["pause", id]).ok();
+    assert_eq!(f.state(id)["status"], "paused");
+    // A write under way when the VM froze may still land: read after it.
+    std::thread::sleep(Duration::from_millis(500));
+    let frozen = tick();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(tick(), frozen, "the guest ran while paused");
+    // A paused container cannot be paused again, nor deleted.
+    assert_one_clear_error(&f, &f.agentvm(&["pause", id]), "paused");
+    f.agentvm(&["resume", id]).ok();
+    assert_eq!(f.state(id)["status"], "running");
+    assert!(
+        wait_for(30, || (tick() > frozen + 2).then_some(())).is_some(),
+        "the guest did not go on after resume"
+    );
+    f.agentvm(&["kill", id, "KILL"]).ok();
+    wait_for_status(&f, id, "stopped");
+    f.agentvm(&["delete", id]).ok();
+    assert_nothing_left(&f, id);
+}
+
+/// Under the builtin VMM, its threads run in the supervisor's process:
+/// each vCPU, the devices' and the share's event loops and the thread that
+/// runs the machine have each entered a seccomp filter and dropped their
+/// capabilities (the share's keeps virtiofsd's set), as has the
+/// supervisor's main thread once the VM runs.
+#[test]
+fn the_builtin_vmm_s_threads_are_jailed() {
+    let f = require!(microvm());
+    if !common::guest::builtin() {
+        println!(
+            "skipped: the builtin VMM's threads exist only with vmm = \"builtin\", which needs a \
+             standard hardware KVM (make test-builtin runs this test in its test host)"
+        );
+        return;
+    }
+    let id = "mv-jailed";
+    start_sleeper(&f, id);
+    let supervisor = pid_of(&f, id);
+    // CAP_CHOWN, DAC_OVERRIDE, FOWNER, FSETID, SETGID, SETUID, MKNOD, SETFCAP.
+    let fs_caps = [0u32, 1, 3, 4, 6, 7, 27, 31]
+        .iter()
+        .fold(0u64, |m, c| m | 1 << c);
+    let mut seen = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{supervisor}/task")).expect("tasks") {
+        let task = task.expect("task").path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        let comm = comm.trim().to_string();
+        let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        let caps = |name: &str| u64::from_str_radix(&field(name), 16).unwrap_or(u64::MAX);
+        let want = match comm.as_str() {
+            c if c.starts_with("vcpu") => 0,
+            "vmm-devices" => 0,
+            "vmm-fs" => fs_caps,
+            c if c.starts_with("vmm-") => 0,
+            _ => continue,
+        };
+        assert_eq!(
+            field("Seccomp:"),
+            "2",
+            "{comm}: no seccomp filter\n{status}"
+        );
+        assert_eq!(field("NoNewPrivs:"), "1", "{comm}\n{status}");
+        for set in ["CapEff:", "CapPrm:", "CapBnd:"] {
+            assert_eq!(caps(set), want, "{comm} {set}\n{status}");
+        }
+        seen.push(comm);
+    }
+    seen.sort();
+    assert!(seen.iter().any(|c| c.starts_with("vcpu")), "{seen:?}");
+    assert!(seen.iter().any(|c| c == "vmm-devices"), "{seen:?}");
+    assert!(seen.iter().any(|c| c == "vmm-fs"), "{seen:?}");
+    assert!(
+        seen.iter()
+            .any(|c| c.starts_with("vmm-") && c != "vmm-devices" && c != "vmm-fs"),
+        "the runner: {seen:?}"
+    );
+    let main = std::fs::read_to_string(format!("/proc/{supervisor}/status")).expect("status");
+    assert!(main.contains("Seccomp:\t2"), "the supervisor: {main}");
+    // The guest still works through the jailed threads: exec, the share.
+    let out = f
+        .agentvm(&[
+            "exec",
+            id,
+            "sh",
+            "-c",
+            "echo through > /out/jailed; cat /out/up",
+        ])
+        .ok();
+    assert_eq!(out.stdout.trim(), "up");
+    assert_eq!(wait_for_file(&f, "jailed").trim(), "through");
+    f.agentvm(&["kill", id, "KILL"]).ok();
+    wait_for_status(&f, id, "stopped");
+    f.agentvm(&["delete", id]).ok();
+    assert_nothing_left(&f, id);
+}
+
 #[test]
 fn supervisor_killed_ends_as_stopped_and_delete_cleans_up() {
     let f = require!(microvm());

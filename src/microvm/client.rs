@@ -49,6 +49,10 @@ pub enum SupervisorRequest {
     DeleteMember {
         id: String,
     },
+    /// Stop the guest's vCPUs (a VMM that pauses by itself: the builtin
+    /// VMM parks them); `Resume` lets them go on.
+    Pause,
+    Resume,
 }
 
 /// Control frames an exec relay sends after the exec started.

@@ -247,6 +247,7 @@ fn start_supervisor(
         exit_status: None,
         oom_kills: None,
         accel: String::new(),
+        vmm: String::new(),
         paused: false,
         vcpus: 0,
         memory_mib: 0,
@@ -261,6 +262,7 @@ fn start_supervisor(
         // The VM is the sandbox's: what sizes it is recorded for `update`.
         Some(p) => VmState {
             accel: p.accel.clone(),
+            vmm: p.vmm.clone(),
             vcpus: p.vcpus,
             memory_mib: p.memory_mib,
             ..state
@@ -605,7 +607,7 @@ pub fn set_paused(ctx: &Context, id: &str, paused: bool) -> Result<()> {
     let mut s = load(ctx, id)?;
     if let Some(sandbox) = &s.pod_sandbox {
         return Err(refused(format!(
-            "cannot {} container {id}: pausing one container of a pod is not implemented in              the microvm tier (pause freezes the pod's whole VM: pause its sandbox {sandbox})",
+            "cannot {} container {id}: pausing one container of a pod is not implemented in the microvm tier (pause freezes the pod's whole VM: pause its sandbox {sandbox})",
             if paused { "pause" } else { "resume" }
         )));
     }
@@ -623,14 +625,23 @@ pub fn set_paused(ctx: &Context, id: &str, paused: bool) -> Result<()> {
             status_name(status, s.paused)
         )));
     }
-    freeze(
-        &s,
-        if paused {
-            FreezerState::Frozen
-        } else {
-            FreezerState::Thawed
-        },
-    )?;
+    if s.vmm == vmm::choice::BackendKind::Builtin.as_str() {
+        // The builtin VMM parks its vCPUs; its supervisor goes on.
+        let request = match paused {
+            true => SupervisorRequest::Pause,
+            false => SupervisorRequest::Resume,
+        };
+        ask(ctx, id, request)?;
+    } else {
+        freeze(
+            &s,
+            if paused {
+                FreezerState::Frozen
+            } else {
+                FreezerState::Thawed
+            },
+        )?;
+    }
     s.paused = paused;
     s.save(&dir)?;
     Ok(())

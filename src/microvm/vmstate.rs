@@ -42,6 +42,10 @@ pub struct VmState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_kills: Option<u64>,
     pub accel: String,
+    /// The VMM backend running the VM (`qemu`, `builtin`; empty until the
+    /// supervisor has chosen, and in states written before it was kept).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub vmm: String,
     #[serde(default)]
     pub paused: bool,
     /// The VM's size, fixed at boot (0 until it booted).

@@ -160,30 +160,15 @@ pub fn enter(children: &[i32]) -> Result<(), JailError> {
 mod tests {
     use super::*;
 
+    use crate::jail::{am_root, in_forked_child};
+
     /// Runs `f` in a forked child that entered the jail; returns how the
     /// child ended.
     fn in_jailed_child(f: fn() -> i32) -> i32 {
-        // SAFETY: fork in a test; the child only enters the jail, runs `f`
-        // and leaves with _exit, touching no lock held by another thread.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed");
-        if pid == 0 {
-            let code = match enter(&[]) {
-                Ok(()) => f(),
-                Err(_) => 100,
-            };
-            // SAFETY: _exit ends the child without running atexit handlers.
-            unsafe { libc::_exit(code) };
-        }
-        let mut status = 0;
-        // SAFETY: waitpid on our own child with a valid out-pointer.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        status
-    }
-
-    fn am_root() -> bool {
-        // SAFETY: geteuid has no preconditions.
-        unsafe { libc::geteuid() == 0 }
+        in_forked_child(|| match enter(&[]) {
+            Ok(()) => f(),
+            Err(_) => 100,
+        })
     }
 
     #[test]

@@ -231,6 +231,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     state.supervisor_pid = Some(std::process::id() as i32);
     state.supervisor_start_time = process_start_time(std::process::id() as i32);
     state.accel = host.accel.as_str().to_string();
+    state.vmm = vmm.backend.as_str().to_string();
     state.save(dir)?;
     trace.mark("setup");
     serve::run_hooks(&spec, &state, &["prestart", "createRuntime"])

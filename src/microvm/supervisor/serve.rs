@@ -149,6 +149,9 @@ struct Shared {
     /// The pod's further containers in this VM: host id → the stream of
     /// their init in the guest.
     members: Mutex<std::collections::HashMap<String, u32>>,
+    /// The VMM's own pause (the builtin VMM's parked vCPUs); `None` where
+    /// pause freezes the host cgroup, this supervisor with it.
+    pauser: Option<Arc<dyn crate::microvm::vmm::Pauser>>,
 }
 
 /// Counts one CLI request in [`Shared::answering`] while it lives.
@@ -200,6 +203,11 @@ impl Shared {
     }
 
     fn request(&self, msg: &HostMessage) -> Result<Reply, String> {
+        // A parked guest answers nothing: waiting would time out and take
+        // the guest for lost.
+        if self.pauser.as_ref().is_some_and(|p| p.paused()) {
+            return Err("the container is paused (resume it first)".into());
+        }
         let _one = self
             .request_lock
             .lock()
@@ -273,6 +281,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         answering: Default::default(),
         guest_ram: Mutex::new(guest_ram),
         members: Default::default(),
+        pauser: vm.pauser(),
     });
     spawn_reader(shared.clone(), guest);
     spawn_stdin(
@@ -611,11 +620,34 @@ fn answer(shared: &Shared, req: &SupervisorRequest) -> Result<Reply, String> {
             }
             r
         }
-        SupervisorRequest::Signal { signal, all } => shared.request(&HostMessage::Signal {
-            id: INIT_STREAM,
-            signal: *signal,
-            all: *all,
-        }),
+        SupervisorRequest::Signal { signal, all } => {
+            // SIGKILL reaches a paused container, as it reaches a frozen
+            // cgroup: the vCPUs run again for the guest to deliver it.
+            if *signal == libc::SIGKILL {
+                if let Some(p) = shared.pauser.as_ref().filter(|p| p.paused()) {
+                    p.resume();
+                    if let Ok(mut s) = VmState::load(&shared.dir) {
+                        s.paused = false;
+                        let _ = s.save(&shared.dir);
+                    }
+                }
+            }
+            shared.request(&HostMessage::Signal {
+                id: INIT_STREAM,
+                signal: *signal,
+                all: *all,
+            })
+        }
+        SupervisorRequest::Pause | SupervisorRequest::Resume => {
+            let Some(p) = &shared.pauser else {
+                return Err("this VMM is paused through its cgroup, not its supervisor".into());
+            };
+            match req {
+                SupervisorRequest::Pause => p.pause()?,
+                _ => p.resume(),
+            }
+            Ok(Reply::Ok)
+        }
         SupervisorRequest::Ps => shared.request(&HostMessage::Ps),
         SupervisorRequest::Stats => shared.request(&HostMessage::Stats),
         SupervisorRequest::Update { resources } => update(shared, resources),
@@ -958,6 +990,7 @@ mod tests {
             answering: Default::default(),
             guest_ram: Mutex::new(None),
             members: Default::default(),
+            pauser: None,
         });
         spawn_reader(shared.clone(), host);
         Fixture {

@@ -327,16 +327,21 @@ mod tests {
             .to_string();
         assert!(err.contains("needs a standard hardware KVM"), "{err}");
         assert!(!err.contains('\n'));
-        // Today's builtin VMM is incomplete: auto never picks it.
-        assert!(!super::super::builtin::complete());
-        let d = decide(
-            VmmChoice::Auto,
-            ChoiceSource::Default,
-            &hw,
-            super::super::builtin::MISSING,
-        )
-        .unwrap();
-        assert_eq!(d.backend, BackendKind::Qemu);
+        // Today's builtin VMM is complete: auto picks it on a standard
+        // KVM, and QEMU on kvm_pvm.
+        assert!(super::super::builtin::complete());
+        let today = |host| {
+            decide(
+                VmmChoice::Auto,
+                ChoiceSource::Default,
+                host,
+                super::super::builtin::MISSING,
+            )
+            .unwrap()
+            .backend
+        };
+        assert_eq!(today(&hw), BackendKind::Builtin);
+        assert_eq!(today(&pvm), BackendKind::Qemu);
     }
 
     #[test]

@@ -82,9 +82,9 @@ pub struct Exited {
 }
 
 /// A running VM, whatever runs it. The supervisor starts it through a
-/// [`Backend`], watches it, and stops it; pause and resume freeze the VM's
-/// host cgroup, which holds every backend's processes and threads, so they
-/// need nothing from the backend.
+/// [`Backend`], watches it, and stops it. Pause and resume freeze the VM's
+/// host cgroup, which holds every backend's processes and threads, unless
+/// the VMM pauses the guest itself ([`Vm::pauser`]).
 pub trait Vm: Send {
     /// The first part of the VM that has ended, if any: the VM is lost.
     fn exited(&mut self) -> Option<Exited>;
@@ -96,6 +96,19 @@ pub trait Vm: Send {
     /// The control of how much of its RAM the guest may use (a balloon
     /// holds the rest), handed out once; `None` where the VMM has none.
     fn take_guest_ram(&mut self) -> Option<Box<dyn GuestRam>>;
+    /// The VMM's own pause, where it has one (the builtin VMM parks its
+    /// vCPUs); `None`: pause freezes the VM's host cgroup.
+    fn pauser(&self) -> Option<std::sync::Arc<dyn Pauser>> {
+        None
+    }
+}
+
+/// Stops the guest's vCPUs and lets them go on, the VMM's own way.
+pub trait Pauser: Send + Sync {
+    /// Returns once no vCPU runs guest code.
+    fn pause(&self) -> Result<(), String>;
+    fn resume(&self);
+    fn paused(&self) -> bool;
 }
 
 /// Sets how much of the VM's RAM the guest may use: a balloon in the guest

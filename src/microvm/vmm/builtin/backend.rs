@@ -15,8 +15,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::machine::{self, MachineError, NicPort, Options};
+use super::park::Park;
 use super::vcpu::{StopReason, StopSignal};
-use crate::microvm::vmm::{Backend, Exited, GuestRam, Vm, VmConfig, VmmError};
+use crate::microvm::vmm::{Backend, Exited, GuestRam, Pauser, Vm, VmConfig, VmmError};
 
 /// What a VM's parts are called in [`Exited`].
 const PART: &str = "builtin VMM";
@@ -29,6 +30,7 @@ pub struct Builtin;
 /// [`Machine`]: super::machine::Machine
 pub struct BuiltinVm {
     stop: Arc<StopSignal>,
+    pauser: Arc<Parker>,
     runner: Option<JoinHandle<Result<StopReason, MachineError>>>,
     ended: Option<Exited>,
 }
@@ -72,6 +74,7 @@ impl Backend for Builtin {
             control: Some(control),
             share: Some(config.share_dir.clone()),
             nics,
+            jail: true,
         };
         launch_machine(config, options)
     }
@@ -82,6 +85,11 @@ pub fn launch_machine(config: &VmConfig, options: Options) -> Result<Box<dyn Vm>
     let m = machine::build(config, options)
         .map_err(|e| setup("the builtin VMM")(std::io::Error::other(e.to_string())))?;
     let stop = m.vm.stop.clone();
+    let pauser = Arc::new(Parker {
+        park: m.vm.park.clone(),
+        stop: stop.clone(),
+        vcpus: m.vcpus.len(),
+    });
     let runner = std::thread::Builder::new()
         .name(format!(
             "vmm-{}",
@@ -94,6 +102,7 @@ pub fn launch_machine(config: &VmConfig, options: Options) -> Result<Box<dyn Vm>
         })?;
     Ok(Box::new(BuiltinVm {
         stop,
+        pauser,
         runner: Some(runner),
         ended: None,
     }))
@@ -142,6 +151,33 @@ impl Vm for BuiltinVm {
 
     fn take_guest_ram(&mut self) -> Option<Box<dyn GuestRam>> {
         None
+    }
+
+    fn pauser(&self) -> Option<Arc<dyn Pauser>> {
+        Some(self.pauser.clone())
+    }
+}
+
+/// Pauses a builtin VM by parking its vCPUs ([`Park`]).
+struct Parker {
+    park: Arc<Park>,
+    stop: Arc<StopSignal>,
+    vcpus: usize,
+}
+
+impl Pauser for Parker {
+    fn pause(&self) -> Result<(), String> {
+        self.park
+            .pause(self.vcpus, &self.stop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn resume(&self) {
+        self.park.resume();
+    }
+
+    fn paused(&self) -> bool {
+        self.park.paused()
     }
 }
 

@@ -436,6 +436,9 @@ fn a_machine_built_from_a_vm_config_runs_until_the_guest_resets_it() {
             fd: std::os::unix::net::UnixDatagram::pair().unwrap().0.into(),
             mac: [2, 0, 0, 0, 0, 1],
         }],
+        // This test runs the machine on its own thread, which a jail
+        // would keep.
+        jail: false,
     };
     // Two vCPUs: the second waits for a SIPI inside KVM and must be
     // kicked out when the first stops the VM.
@@ -475,6 +478,7 @@ fn the_serial_port_is_off_unless_asked_for() {
         control: None,
         share: None,
         nics: Vec::new(),
+        jail: false,
     };
     let mut m = super::machine::build(&vm_config(&kernel, 1), options).unwrap();
     assert!(m.serial.is_none());
@@ -767,12 +771,16 @@ fn a_launched_vm_reports_its_end_and_is_stopped_by_kill() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    // Jailed as the supervisor runs it: each vCPU, the devices' and the
+    // share's event loops, and the runner.
+    let share = tempfile::tempdir().unwrap();
     let options = |name: &str| super::machine::Options {
         serial: Some(std::fs::File::create(dir.path().join(name)).unwrap()),
         entropy: Some(Box::new(Pattern(0))),
         control: None,
-        share: None,
+        share: Some(share.path().to_path_buf()),
         nics: Vec::new(),
+        jail: true,
     };
     // "ok", then the reset line.
     let resets = dir.path().join("resets");
@@ -805,6 +813,17 @@ fn a_launched_vm_reports_its_end_and_is_stopped_by_kill() {
     let mut vm = launch_machine(&vm_config(&spins, 2), options("console-2")).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert_eq!(vm.exited(), None, "a spinning guest ended by itself");
+    // Paused, both vCPUs park out of KVM_RUN (the second waits for a
+    // SIPI inside it); resumed, the guest spins on.
+    let pauser = vm.pauser().expect("the builtin VMM pauses by itself");
+    pauser.pause().unwrap();
+    assert!(pauser.paused());
+    pauser.resume();
+    assert!(!pauser.paused());
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(vm.exited(), None, "the guest ended after resume");
+    // Paused again, kill still stops it.
+    pauser.pause().unwrap();
     let started = std::time::Instant::now();
     vm.kill();
     assert!(started.elapsed() < std::time::Duration::from_secs(5));

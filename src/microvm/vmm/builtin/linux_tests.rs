@@ -244,6 +244,7 @@ fn the_guest_kernel_boots_to_its_init_and_resets_the_vm() {
             control: Some(control),
             share: None,
             nics: Vec::new(),
+            jail: true,
         },
         &console_path,
     );
@@ -392,6 +393,7 @@ fn the_guest_boots_from_its_virtio_fs_share_and_writes_to_it() {
             control: None,
             share: Some(share.clone()),
             nics: Vec::new(),
+            jail: true,
         },
         &console_path,
     );
@@ -556,6 +558,7 @@ fn the_guest_pings_a_peer_through_virtio_net() {
                 fd: vm_end.into(),
                 mac: GUEST_MAC,
             }],
+            jail: true,
         },
         &console_path,
     );

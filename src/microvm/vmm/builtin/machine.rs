@@ -10,6 +10,9 @@
 //! one for the devices' event loop and one for virtio-fs's (a slow host
 //! file system must not hold up the control channel); the first vCPU to
 //! stop stops the others, kicking them out of `KVM_RUN` with a signal.
+//! With [`Options::jail`], each of those threads enters its jail
+//! ([`super::jail`]) as it starts, and the thread that runs the machine
+//! enters its own once it has started them.
 //!
 //! [`super::backend`] puts it behind the backend seam
 //! ([`crate::microvm::vmm::Backend`]).
@@ -26,11 +29,12 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::boot::{self, BootError};
+use super::jail::{self, JailError, Role};
 use super::legacy::i8042::{self, I8042};
 use super::legacy::serial::{self, SerialPort};
 use super::memory::{self, MemoryError};
 use super::mptable::{self, MpTableError};
-use super::vcpu::{StopReason, Vcpu, VcpuError};
+use super::vcpu::{StopReason, StopSignal, Vcpu, VcpuError};
 use super::virtio::console::{Console, ConsoleError};
 use super::virtio::fs::{self as virtio_fs, Fs, FsError};
 use super::virtio::net::{Net, NetError};
@@ -74,6 +78,20 @@ pub enum MachineError {
     Vcpu(#[from] VcpuError),
     #[error("a {0} thread panicked")]
     Panicked(&'static str),
+    #[error("cannot jail the VMM's {role} thread: {source}")]
+    Jail {
+        role: &'static str,
+        #[source]
+        source: JailError,
+    },
+}
+
+/// Jails the calling thread as `role`.
+fn enter_jail(role: Role) -> Result<(), MachineError> {
+    jail::enter(role).map_err(|source| MachineError::Jail {
+        role: role.name(),
+        source,
+    })
 }
 
 /// Choices beyond the [`VmConfig`].
@@ -95,6 +113,9 @@ pub struct Options {
     /// The guest's NICs, in order (`eth0` first): each a virtio-net on
     /// its descriptor.
     pub nics: Vec<NicPort>,
+    /// Whether each thread of the running machine jails itself
+    /// ([`super::jail`]); the supervisor's VMs always do.
+    pub jail: bool,
 }
 
 /// One NIC: the descriptor its frames go through (a tap set up with
@@ -121,6 +142,8 @@ pub struct Machine {
     pub serial: Option<Arc<Mutex<SerialPort<File>>>>,
     /// The command line the kernel was given.
     pub cmdline: String,
+    /// Whether [`Machine::run`]'s threads jail themselves.
+    pub jail: bool,
 }
 
 /// Builds the VM that `config` describes.
@@ -212,11 +235,15 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
         nics,
         serial,
         cmdline,
+        jail: options.jail,
     })
 }
 
 /// A vCPU's thread, and whether its run has returned.
-type VcpuThread = (JoinHandle<Result<StopReason, VcpuError>>, Arc<AtomicBool>);
+type VcpuThread = (
+    JoinHandle<Result<StopReason, MachineError>>,
+    Arc<AtomicBool>,
+);
 
 /// The signal that kicks a vCPU thread out of `KVM_RUN`; its handler does
 /// nothing (the interrupted ioctl returns `EINTR`, and the run loop looks
@@ -243,8 +270,10 @@ impl Machine {
             console,
             fs,
             nics,
+            jail,
             ..
         } = self;
+        let role = |r: Role| jail.then(|| (r, vm.stop.clone()));
         let devices_done = Arc::new(AtomicBool::new(false));
         let mut loops = Vec::new();
         let mut devices: Vec<Subscriber> = vec![rng];
@@ -254,9 +283,14 @@ impl Machine {
         for nic in nics {
             devices.push(nic);
         }
-        loops.push(event_loop("vmm-devices", devices, devices_done.clone())?);
+        loops.push(event_loop(
+            "vmm-devices",
+            devices,
+            devices_done.clone(),
+            role(Role::Devices),
+        )?);
         if let Some(fs) = fs {
-            match event_loop("vmm-fs", vec![fs], devices_done.clone()) {
+            match event_loop("vmm-fs", vec![fs], devices_done.clone(), role(Role::Fs)) {
                 Ok(handle) => loops.push(handle),
                 Err(e) => {
                     devices_done.store(true, Ordering::SeqCst);
@@ -275,7 +309,11 @@ impl Machine {
             let spawned = std::thread::Builder::new()
                 .name(format!("vcpu{}", vcpu.index))
                 .spawn(move || {
-                    let result = vcpu.run();
+                    let result = match jail {
+                        true => enter_jail(Role::Vcpu),
+                        false => Ok(()),
+                    }
+                    .and_then(|()| vcpu.run().map_err(MachineError::Vcpu));
                     // The first vCPU to stop stops the VM.
                     stop.request(match &result {
                         Ok(why) => *why,
@@ -285,9 +323,14 @@ impl Machine {
                     result
                 });
             match spawned {
-                Ok(handle) => threads.push((handle, finished)),
+                Ok(handle) => {
+                    use std::os::unix::thread::JoinHandleExt;
+                    vm.park.register(handle.as_pthread_t());
+                    threads.push((handle, finished));
+                }
                 Err(source) => {
                     vm.stop.request(StopReason::Requested);
+                    vm.park.forget_threads();
                     kick_all(&threads);
                     devices_done.store(true, Ordering::SeqCst);
                     for handle in loops {
@@ -300,19 +343,30 @@ impl Machine {
                 }
             }
         }
+        // Every thread is started: this one only waits, kicks and joins
+        // from here on.
+        let jailed = match jail {
+            true => enter_jail(Role::Runner),
+            false => Ok(()),
+        };
+        if jailed.is_err() {
+            vm.stop.request(StopReason::Requested);
+        }
         // Wait for the first stop, then kick every vCPU still in KVM_RUN
         // until all have returned (a kick that lands just before KVM_RUN
         // is lost, so it is repeated).
         while vm.stop.requested().is_none() {
             std::thread::sleep(Duration::from_millis(5));
         }
+        // Not to be kicked by a pause once joined.
+        vm.park.forget_threads();
         kick_all(&threads);
-        let mut first_error = None;
+        let mut first_error = jailed.err();
         for (handle, _) in threads {
             match handle.join() {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
-                    first_error.get_or_insert(MachineError::Vcpu(e));
+                    first_error.get_or_insert(e);
                 }
                 Err(_) => {
                     first_error.get_or_insert(MachineError::Panicked("vCPU"));
@@ -342,11 +396,12 @@ impl Machine {
 type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
 
 /// Starts a thread named `name` running an event loop over `devices`
-/// until `done`.
+/// until `done`, jailed as `role` once the devices are in the loop.
 fn event_loop(
     name: &'static str,
     devices: Vec<Subscriber>,
     done: Arc<AtomicBool>,
+    jail: Option<(Role, Arc<StopSignal>)>,
 ) -> Result<JoinHandle<Result<(), MachineError>>, MachineError> {
     std::thread::Builder::new()
         .name(name.into())
@@ -358,6 +413,13 @@ fn event_loop(
                 })?;
             for device in devices {
                 events.add_subscriber(device);
+            }
+            if let Some((role, stop)) = jail {
+                if let Err(e) = enter_jail(role) {
+                    // The VM cannot run with its devices unserved.
+                    stop.request(StopReason::Requested);
+                    return Err(e);
+                }
             }
             while !done.load(Ordering::SeqCst) {
                 let _ = events.run_with_timeout(100);

@@ -95,6 +95,7 @@ pub struct Vcpu {
     pio: Arc<Bus>,
     mmio: Arc<Bus>,
     stop: Arc<StopSignal>,
+    park: Arc<super::park::Park>,
     pub counters: VcpuCounters,
 }
 
@@ -105,6 +106,7 @@ impl Vcpu {
         pio: Arc<Bus>,
         mmio: Arc<Bus>,
         stop: Arc<StopSignal>,
+        park: Arc<super::park::Park>,
     ) -> Vcpu {
         Vcpu {
             index,
@@ -112,6 +114,7 @@ impl Vcpu {
             pio,
             mmio,
             stop,
+            park,
             counters: VcpuCounters::default(),
         }
     }
@@ -121,6 +124,11 @@ impl Vcpu {
     pub fn run(&mut self) -> Result<StopReason, VcpuError> {
         let index = self.index;
         loop {
+            if let Some(why) = self.stop.requested() {
+                return Ok(why);
+            }
+            // Paused: no guest instruction until resumed (or stopped).
+            self.park.wait_while_paused(&self.stop);
             if let Some(why) = self.stop.requested() {
                 return Ok(why);
             }

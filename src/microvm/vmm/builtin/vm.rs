@@ -45,6 +45,8 @@ pub struct Vm {
     pub pio: Arc<Bus>,
     pub mmio: Arc<Bus>,
     pub stop: Arc<StopSignal>,
+    /// Where the vCPUs park while the VM is paused.
+    pub park: Arc<super::park::Park>,
     /// Kept alive for as long as KVM holds them as irqfds.
     interrupts: Vec<Arc<Interrupt>>,
     irqchip: bool,
@@ -94,6 +96,7 @@ impl Vm {
             pio: Arc::new(Bus::new()),
             mmio: Arc::new(Bus::new()),
             stop: Arc::new(StopSignal::default()),
+            park: Arc::default(),
             interrupts: Vec::new(),
             irqchip,
         })
@@ -167,6 +170,7 @@ impl Vm {
             self.pio.clone(),
             self.mmio.clone(),
             self.stop.clone(),
+            self.park.clone(),
         ))
     }
 }

@@ -13,6 +13,8 @@ use fuse_backend_rs::abi::fuse_abi::{
 };
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
 
+use crate::microvm::vmm::builtin::jail::{jailed, Role};
+
 use super::{queues, sandbox, Fs, QUEUE_SIZE, REQUEST_QUEUES, TAG_LEN, TYPE_FS};
 use crate::microvm::vmm::builtin::virtio::chain::{DESC_F_NEXT, DESC_F_WRITE};
 use crate::microvm::vmm::builtin::virtio::test_utils::{memory, GuestQueue};
@@ -34,6 +36,8 @@ struct Fixture {
     interrupt: Arc<Interrupt>,
     dir: tempfile::TempDir,
     unique: u64,
+    /// The uid and gid the guest's requests carry.
+    creds: (u32, u32),
 }
 
 impl Fixture {
@@ -66,6 +70,7 @@ impl Fixture {
             interrupt,
             dir,
             unique: 0,
+            creds: (0, 0),
         }
     }
 
@@ -93,7 +98,7 @@ impl Fixture {
         let before = q.used_idx().unwrap();
         let head = q.set_chain(0, bufs).unwrap();
         q.offer(head).unwrap();
-        self.fs.process_queue(index).unwrap();
+        self.serve(index).unwrap();
         let q = self.queue(index);
         assert_eq!(
             q.used_idx().unwrap(),
@@ -103,6 +108,13 @@ impl Fixture {
         q.used_elem(before).unwrap().1
     }
 
+    /// Serves queue `index` as the VMM does: on a thread in the fs
+    /// thread's jail.
+    fn serve(&mut self, index: usize) -> Result<bool, super::FsError> {
+        let fs = &mut self.fs;
+        jailed(Role::Fs, move || fs.process_queue(index))
+    }
+
     fn header(&mut self, op: Opcode, nodeid: u64, body_len: usize) -> InHeader {
         self.unique += 1;
         InHeader {
@@ -110,8 +122,8 @@ impl Fixture {
             opcode: op as u32,
             unique: self.unique,
             nodeid,
-            uid: 0,
-            gid: 0,
+            uid: self.creds.0,
+            gid: self.creds.1,
             pid: 1,
             padding: 0,
         }
@@ -310,6 +322,41 @@ fn files_are_read_created_and_written_through_the_share() {
     assert_eq!(f.fs.metrics.requests(), 7);
 }
 
+/// A request carries its caller's uid and gid; the server takes them as its
+/// effective ids for the call (the fs thread's jail allows only that form
+/// of setresuid), so a file a guest user makes is that user's on the host,
+/// and the host's permission checks apply to it.
+#[test]
+fn a_guest_user_s_requests_are_served_with_its_own_ids() {
+    let mut f = Fixture::new();
+    f.init();
+    let mkdir = |f: &mut Fixture, parent, name: &str, mode| {
+        let mut body = MkdirIn { mode, umask: 0 }.as_slice().to_vec();
+        body.extend(cstr(name));
+        let (out, body) = f.call(Opcode::Mkdir, parent, &body);
+        answer::<EntryOut>(out, &body)
+    };
+    let open = mkdir(&mut f, ROOT, "open", 0o777).unwrap();
+    let closed = mkdir(&mut f, ROOT, "closed", 0o755).unwrap();
+    f.creds = (1000, 1001);
+    let mine = mkdir(&mut f, open.nodeid, "mine", 0o700).unwrap();
+    let host = std::fs::metadata(f.share().join("open/mine")).unwrap();
+    assert_eq!((host.uid(), host.gid()), (1000, 1001));
+    assert_eq!(mine.attr.uid, 1000);
+    // Root's directory without write permission for others: refused as
+    // the host refuses uid 1000, not served as root.
+    assert_eq!(
+        mkdir(&mut f, closed.nodeid, "theirs", 0o700).err(),
+        Some(libc::EACCES)
+    );
+    assert!(!f.share().join("closed/theirs").exists());
+    // Back to root, the server is root again.
+    f.creds = (0, 0);
+    mkdir(&mut f, closed.nodeid, "roots", 0o700).unwrap();
+    let host = std::fs::metadata(f.share().join("closed/roots")).unwrap();
+    assert_eq!((host.uid(), host.gid()), (0, 0));
+}
+
 #[test]
 fn a_guest_cannot_name_a_host_file_outside_its_share() {
     let mut f = Fixture::new();
@@ -406,7 +453,7 @@ fn malformed_chains_and_messages_are_completed_empty_and_counted() {
         q.set_desc(0, IN, 64, DESC_F_NEXT, 0).unwrap();
         q.offer(0).unwrap();
     }
-    f.fs.process_queue(queues::REQUEST).unwrap();
+    f.serve(queues::REQUEST).unwrap();
     assert_eq!(f.fs.metrics.bad_chains(), 2);
     // A buffer outside guest memory.
     assert_eq!(
@@ -499,7 +546,7 @@ fn a_full_ring_of_requests_is_served_in_one_turn() {
             q.offer(2 * i).unwrap();
         }
     }
-    f.fs.process_queue(queues::REQUEST).unwrap();
+    f.serve(queues::REQUEST).unwrap();
     // The INIT before them, then all of them.
     assert_eq!(f.queue(queues::REQUEST).used_idx().unwrap(), chains + 1);
     assert_eq!(f.fs.metrics.failed(), 0);
@@ -511,8 +558,8 @@ fn nothing_is_served_before_activation_or_after_a_reset() {
     let mut f = Fixture::new();
     f.fs.reset();
     assert!(!f.fs.is_activated());
-    assert!(!f.fs.process_queue(queues::REQUEST).unwrap());
-    assert!(!f.fs.process_queue(7).unwrap());
+    assert!(!f.serve(queues::REQUEST).unwrap());
+    assert!(!f.serve(7).unwrap());
     // Activation checks the number of queues.
     let q = GuestQueue::new(&f.mem, REQUEST_AT, QUEUE_SIZE).unwrap();
     assert!(f

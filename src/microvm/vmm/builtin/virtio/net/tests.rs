@@ -11,6 +11,8 @@ use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 
+use crate::microvm::vmm::builtin::jail::{jailed, Role};
+
 use super::{queues, Net, NetMetrics, F_MAC, HDR_LEN, QUEUE_SIZE, TYPE_NET};
 use crate::microvm::vmm::builtin::virtio::chain::{DESC_F_NEXT, DESC_F_WRITE};
 use crate::microvm::vmm::builtin::virtio::test_utils::{memory, GuestQueue};
@@ -84,7 +86,7 @@ impl Fixture {
             .unwrap()
         };
         q.offer(head).unwrap();
-        self.net.process_queue(queues::TX).unwrap();
+        self.serve_queue(queues::TX);
     }
 
     /// The guest posts a receive buffer of `len` bytes at `addr`.
@@ -105,6 +107,19 @@ impl Fixture {
     fn nothing_received(&self) -> bool {
         let mut buf = [0u8; 16];
         self.host.recv(&mut buf).is_err()
+    }
+
+    /// Serves queue `index` as the VMM does: on a thread in the devices
+    /// thread's jail.
+    fn serve_queue(&mut self, index: usize) {
+        let net = &mut self.net;
+        jailed(Role::Devices, move || net.process_queue(index)).unwrap();
+    }
+
+    /// Reads the tap as the VMM does, jailed.
+    fn serve_tap(&mut self) {
+        let net = &mut self.net;
+        jailed(Role::Devices, move || net.process_tap()).unwrap();
     }
 
     fn bytes(&self, addr: u64, len: usize) -> Vec<u8> {
@@ -157,7 +172,7 @@ fn a_tap_frame_reaches_a_guest_buffer_with_one_buffer_in_its_header() {
     // Whatever the tap says in num_buffers, the guest reads 1.
     incoming[10] = 7;
     f.host.send(&incoming).unwrap();
-    f.net.process_tap().unwrap();
+    f.serve_tap();
     let q = f.queue(queues::RX);
     assert_eq!(q.used_idx().unwrap(), 1);
     assert_eq!(q.used_elem(0).unwrap(), (0, incoming.len() as u32));
@@ -174,13 +189,13 @@ fn a_guest_without_buffers_holds_the_frame_and_the_tap_is_not_watched() {
     assert_eq!(f.net.tap_interest(), EventSet::IN);
     f.host.send(&frame(100, 1)).unwrap();
     f.host.send(&frame(200, 2)).unwrap();
-    f.net.process_tap().unwrap();
+    f.serve_tap();
     assert_eq!(f.net.tap_interest(), EventSet::empty());
     assert_eq!(f.queue(queues::RX).used_idx().unwrap(), 0);
     // Buffers arrive: both frames, in order.
     f.post(0, BUF, 2048);
     f.post(1, BUF + 0x1000, 2048);
-    f.net.process_queue(queues::RX).unwrap();
+    f.serve_queue(queues::RX);
     let q = f.queue(queues::RX);
     assert_eq!(q.used_idx().unwrap(), 2);
     assert_eq!(q.used_elem(0).unwrap(), (0, 112));
@@ -201,7 +216,7 @@ fn a_frame_too_big_for_the_buffer_is_dropped_and_the_buffer_kept() {
     f.host.send(&frame(100, 5)).unwrap();
     // Shorter than a header: dropped too.
     f.host.send(&[1, 2, 3]).unwrap();
-    f.net.process_tap().unwrap();
+    f.serve_tap();
     let q = f.queue(queues::RX);
     assert_eq!(q.used_idx().unwrap(), 1);
     assert_eq!(q.used_elem(0).unwrap(), (0, 112));
@@ -233,7 +248,7 @@ fn hostile_transmit_chains_and_headers_send_nothing_and_are_counted() {
     q.offer(1).unwrap();
     q.set_desc(2, MEM as u64 - 8, 64, 0, 0).unwrap();
     q.offer(2).unwrap();
-    f.net.process_queue(queues::TX).unwrap();
+    f.serve_queue(queues::TX);
     assert_eq!(get(&f.net.metrics.bad_chains), 3);
     assert!(f.nothing_received());
     let q = f.queue(queues::TX);
@@ -254,13 +269,13 @@ fn hostile_receive_chains_are_counted_and_the_frame_waits_for_a_good_one() {
     q.set_desc(1, MEM as u64 - 16, 2048, W, 0).unwrap();
     q.offer(1).unwrap();
     f.host.send(&frame(100, 1)).unwrap();
-    f.net.process_tap().unwrap();
+    f.serve_tap();
     assert_eq!(get(&f.net.metrics.bad_chains), 2);
     let q = f.queue(queues::RX);
     assert_eq!(q.used_elem(0).unwrap(), (0, 0));
     assert_eq!(q.used_elem(1).unwrap(), (1, 0));
     f.post(2, BUF, 2048);
-    f.net.process_queue(queues::RX).unwrap();
+    f.serve_queue(queues::RX);
     assert_eq!(f.queue(queues::RX).used_elem(2).unwrap(), (2, 112));
 }
 
@@ -277,6 +292,8 @@ fn activation_wants_two_queues() {
     assert!(!net.is_activated());
     assert_eq!(net.tap_interest(), EventSet::empty());
     // Nothing is served before activation.
-    net.process_queue(queues::TX).unwrap();
-    net.process_tap().unwrap();
+    jailed(Role::Devices, || {
+        net.process_queue(queues::TX).unwrap();
+        net.process_tap().unwrap();
+    });
 }
