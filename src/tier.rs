@@ -136,13 +136,67 @@ pub trait Tier {
     /// The pid a foreground `run` waits for: our child (or, as a
     /// subreaper, our descendant) whose exit status is the container's.
     fn init_pid(&self, ctx: &Context, id: &str) -> Result<Pid>;
-    fn checkpoint(&self, _ctx: &Context, _id: &str) -> Result<()> {
+    /// `checkpoint`: the container's processes saved to images (CRIU).
+    fn checkpoint(&self, _ctx: &Context, _id: &str, _req: &CheckpointRequest) -> Result<()> {
         Err(TierError::unsupported(
             "checkpoint",
             self.isolation(),
             ": no CRIU or VM snapshot support yet",
         ))
     }
+    /// `restore`: a container made from a checkpoint's images.
+    fn restore(&self, _ctx: &Context, _req: &RestoreRequest) -> Result<()> {
+        Err(TierError::unsupported(
+            "restore",
+            self.isolation(),
+            ": no CRIU or VM snapshot support yet",
+        ))
+    }
+}
+
+/// How CRIU treats the container's cgroups (runc's `--manage-cgroups-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupsMode {
+    Soft,
+    Full,
+    Strict,
+    Ignore,
+}
+
+impl std::str::FromStr for CgroupsMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "soft" => Ok(CgroupsMode::Soft),
+            "full" => Ok(CgroupsMode::Full),
+            "strict" => Ok(CgroupsMode::Strict),
+            "ignore" => Ok(CgroupsMode::Ignore),
+            _ => Err(format!("invalid manage cgroups mode {s:?}")),
+        }
+    }
+}
+
+/// What `checkpoint` asks for, with runc's defaults filled in.
+#[derive(Debug)]
+pub struct CheckpointRequest {
+    /// Where the images go (runc: `./checkpoint` without `--image-path`).
+    pub image_path: PathBuf,
+    /// CRIU's work files and log (the image path without `--work-path`).
+    pub work_path: Option<PathBuf>,
+    pub leave_running: bool,
+    pub tcp_established: bool,
+    pub ext_unix_sk: bool,
+    pub shell_job: bool,
+    pub file_locks: bool,
+    /// Soft unless given, as in runc.
+    pub cgroups_mode: CgroupsMode,
+}
+
+/// What `restore` asks for.
+pub struct RestoreRequest<'a> {
+    pub id: &'a str,
+    pub bundle: &'a Bundle,
+    pub image_path: PathBuf,
 }
 
 /// The implementation of a tier.

@@ -129,6 +129,7 @@ fn unknown_id_for_every_command() {
         vec!["resume", "nope"],
         vec!["ps", "nope"],
         vec!["exec", "nope", "true"],
+        vec!["checkpoint", "nope"],
     ] {
         let out = f.agentvm(&args);
         assert_one_clear_error(&f, &out, "container nope does not exist");

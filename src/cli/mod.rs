@@ -27,6 +27,7 @@ pub mod kill;
 pub mod list;
 pub mod pause;
 pub mod ps;
+pub mod restore;
 pub mod run;
 pub mod spec;
 pub mod start;
@@ -77,7 +78,7 @@ pub struct GlobalOpts {
     #[arg(long, global = true, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub rootless: Option<String>,
 
-    /// Path to criu (accepted for compatibility; checkpoint is not supported)
+    /// Path to criu (accepted for compatibility; checkpoint runs `criu` from PATH)
     #[arg(long, global = true)]
     pub criu: Option<PathBuf>,
 
@@ -127,8 +128,10 @@ pub enum Command {
     Events(events::EventsArgs),
     /// Update container resource constraints
     Update(update::UpdateArgs),
-    /// Checkpoint a running container (not supported yet: says so)
+    /// Checkpoint a running container
     Checkpoint(checkpoint::CheckpointArgs),
+    /// Restore a container from a previous checkpoint
+    Restore(restore::RestoreArgs),
     /// Create a new specification file
     Spec(spec::SpecArgs),
     /// Show the features this runtime implements, per isolation tier
@@ -321,6 +324,7 @@ fn dispatch(global: &GlobalOpts, command: Command) -> anyhow::Result<u8> {
         Command::Events(args) => events::run(&ctx, args).map(|_| 0),
         Command::Update(args) => update::run(&ctx, args).map(|_| 0),
         Command::Checkpoint(args) => checkpoint::run(&ctx, args).map(|_| 0),
+        Command::Restore(args) => restore::run(&ctx, args),
         Command::Audit(args) => audit::run(&ctx, args).map(|_| 0),
         Command::AuditExport => audit::export(&ctx).map(|_| 0),
         Command::Supervise(args) => {

@@ -57,6 +57,31 @@ pub enum CgroupError {
     Frozen,
     #[error("cannot join cgroup {path}: {source}")]
     Join { path: PathBuf, source: io::Error },
+    /// runc's words (`cgroups.ErrV1NoUnified`).
+    #[error("invalid configuration: cannot use unified on cgroup v1")]
+    UnifiedOnV1,
+    #[error("cannot tell the host's cgroup version: {0}")]
+    Setup(String),
+}
+
+/// Refuses `linux.resources.unified` (even an empty one) unless
+/// `/sys/fs/cgroup` is the unified hierarchy, as runc 1.1's validator does:
+/// a hybrid host's `/sys/fs/cgroup/unified` holds no controllers, so the
+/// settings could not be applied there.
+pub fn refuse_unified_on_v1(spec: &Spec) -> Result<(), CgroupError> {
+    let asked = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.resources().as_ref())
+        .is_some_and(|r| r.unified().is_some());
+    if !asked {
+        return Ok(());
+    }
+    match libcgroups::common::get_cgroup_setup() {
+        Ok(libcgroups::common::CgroupSetup::Unified) => Ok(()),
+        Ok(_) => Err(CgroupError::UnifiedOnV1),
+        Err(e) => Err(CgroupError::Setup(e.to_string())),
+    }
 }
 
 /// v1's switch of the OOM killer.
@@ -413,6 +438,31 @@ fn rmdir_retrying(dir: &Path, wait: Duration) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn unified_refused_unless_the_host_is_cgroup_v2() {
+        use super::{refuse_unified_on_v1, CgroupError};
+        let spec = |resources: serde_json::Value| -> oci_spec::runtime::Spec {
+            serde_json::from_value(serde_json::json!({
+                "ociVersion": "1.0.2",
+                "root": {"path": "rootfs"},
+                "linux": {"resources": resources}
+            }))
+            .expect("spec")
+        };
+        assert!(refuse_unified_on_v1(&spec(serde_json::json!({}))).is_ok());
+        let v2 = matches!(
+            libcgroups::common::get_cgroup_setup(),
+            Ok(libcgroups::common::CgroupSetup::Unified)
+        );
+        for unified in [serde_json::json!({}), serde_json::json!({"pids.max": "10"})] {
+            let got = refuse_unified_on_v1(&spec(serde_json::json!({"unified": unified})));
+            match v2 {
+                true => assert!(got.is_ok()),
+                false => assert!(matches!(got, Err(CgroupError::UnifiedOnV1))),
+            }
+        }
+    }
+
     #[test]
     fn runc_default_path() {
         use super::default_path_in;

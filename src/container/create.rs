@@ -43,6 +43,7 @@ pub fn create(
     // Before libcontainer starts anything: it ignores SELinux labels, and
     // its init changes to the cwd before it waits for `start`.
     lsm::check_spec(&bundle.spec, lsm::selinux_enabled())?;
+    cgroups::refuse_unified_on_v1(&bundle.spec)?;
     cwd::ensure(&bundle.spec, &bundle.rootfs)?;
     let dir = ctx.container_dir(id);
     let egress = opts.egress.take();

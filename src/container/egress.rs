@@ -516,6 +516,12 @@ fn pidfd_open(pid: i32) -> Result<OwnedFd, EgressError> {
 /// killed, the veth pairs deleted, Docker's interfaces go back into the
 /// workload's namespace as they were, the router namespace goes. Best
 /// effort: the namespaces or links may be gone already.
+/// Whether the container whose state directory is `dir` runs under an
+/// egress policy (its router's record is there).
+pub fn in_force(dir: &Path) -> bool {
+    Record::load(dir).is_some()
+}
+
 pub fn teardown(dir: &Path) {
     let Some(record) = Record::load(dir) else {
         return;

@@ -24,6 +24,7 @@ use crate::state::{self, Record};
 use crate::tier::RuncState;
 
 pub mod cgroups;
+pub mod checkpoint;
 pub mod console;
 pub mod create;
 pub mod cwd;
@@ -68,6 +69,8 @@ pub enum ContainerError {
     Cgroups(#[from] cgroups::CgroupError),
     #[error(transparent)]
     Notify(#[from] notify::NotifyError),
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
     #[error("cannot read process file {path}: {message}")]
     ProcessFile { path: PathBuf, message: String },
     #[error(transparent)]

@@ -13,7 +13,10 @@ use super::tty::{ConsoleSocket, Relay};
 use super::{cgroup_manager, foreground, lc_error, load, pids, status_str, ContainerError};
 use crate::config::Isolation;
 use crate::context::Context;
-use crate::tier::{self, CreateRequest, ExecRequest, OomWatch, ProcessTable, RuncState};
+use crate::tier::{
+    self, CheckpointRequest, CreateRequest, ExecRequest, OomWatch, ProcessTable, RestoreRequest,
+    RuncState,
+};
 
 /// Containers on the host kernel: namespaces, cgroups, seccomp, capabilities.
 pub struct Tier;
@@ -123,6 +126,19 @@ impl tier::Tier for Tier {
         let mut container = load(ctx, id)?;
         super::delete::delete(&mut container, force)?;
         Ok(())
+    }
+
+    fn checkpoint(&self, ctx: &Context, id: &str, req: &CheckpointRequest) -> tier::Result<()> {
+        super::checkpoint::checkpoint(ctx, id, req)?;
+        Ok(())
+    }
+
+    fn restore(&self, _ctx: &Context, _req: &RestoreRequest) -> tier::Result<()> {
+        Err(tier::TierError::unsupported(
+            "restore",
+            Isolation::Container,
+            ": libcontainer 0.7 has no CRIU restore and agentvm's own is not written yet",
+        ))
     }
 
     fn pause(&self, ctx: &Context, id: &str) -> tier::Result<()> {

@@ -62,6 +62,9 @@ pub enum Probe {
     Getppid,
     /// getsid(pid)
     Getsid { pid: i32 },
+    /// add_key(NULL, NULL, NULL, 0, 0): refused by the kernel (EFAULT)
+    /// unless a seccomp filter answers first; it changes nothing.
+    AddKey,
 }
 
 /// The checks the checker knows how to run.

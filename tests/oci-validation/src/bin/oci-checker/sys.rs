@@ -101,6 +101,21 @@ fn do_probe(probe: &Probe) -> Result<(), i32> {
             nix::errno::Errno::result(rc).map(drop)
         }
         Probe::Getsid { pid } => nix::unistd::getsid(Some(Pid::from_raw(*pid))).map(drop),
+        Probe::AddKey => {
+            // SAFETY: add_key with null pointers reads no memory of ours:
+            // the kernel fails it with EFAULT (or a filter answers first).
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_add_key,
+                    std::ptr::null::<libc::c_char>(),
+                    std::ptr::null::<libc::c_char>(),
+                    std::ptr::null::<libc::c_void>(),
+                    0usize,
+                    0i32,
+                )
+            };
+            nix::errno::Errno::result(rc).map(drop)
+        }
     };
     r.map_err(|e| e as i32)
 }

@@ -20,6 +20,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("cgroups-delete-children", delete_children),
     ("cgroups-preexisting", preexisting),
     ("cgroups-default-path", default_path),
+    ("cgroups-unified", unified),
 ];
 
 /// One cgroup interface file: v1 controller, v1 file and value, v2 file and
@@ -893,5 +894,53 @@ fn default_path(ctx: &mut Ctx) -> Result<()> {
     ctx.check("delete removes the default cgroup", left.is_empty(), || {
         format!("left: {left:?}")
     });
+    Ok(())
+}
+
+/// `linux.resources.unified` is cgroup v2's: runc 1.1 refuses it unless
+/// `/sys/fs/cgroup` is the unified hierarchy (a hybrid host's
+/// `/sys/fs/cgroup/unified` holds no controllers), and leaves nothing.
+fn unified(ctx: &mut Ctx) -> Result<()> {
+    const REFUSED: &str = "unified on a cgroup v1 host: refused as runc";
+    const LEFT: &str = "no container left after the refusal";
+    const APPLIED: &str = "unified on a cgroup v2 host: pids.max applied";
+    let v2_host = host_mount(None).is_some_and(|m| m == Path::new("/sys/fs/cgroup"));
+    let id = ctx.id();
+    let mut b = ctx.bundle()?;
+    b.set("/linux/cgroupsPath", json!(ctx.cgroup_path(&id)));
+    b.set("/linux/resources/unified", json!({"pids.max": "10"}));
+    if v2_host {
+        ctx.skip_all(&[REFUSED, LEFT], "this host's /sys/fs/cgroup is cgroup v2");
+        let mut e = Expectations::default();
+        e.push(
+            APPLIED,
+            Check::Cgroup {
+                v1_controller: "pids".into(),
+                v1_file: "pids.max".into(),
+                v1_value: "10".into(),
+                v2_file: "pids.max".into(),
+                v2_value: "10".into(),
+            },
+        );
+        ctx.run_checker_as(&b, &e, &id)?;
+        return Ok(());
+    }
+    ctx.record(
+        APPLIED,
+        Outcome::Skip("this host's /sys/fs/cgroup is not cgroup v2".into()),
+    );
+    b.args(&["/bin/sleep", "600"]);
+    b.write()?;
+    let out = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
+    ctx.check(
+        REFUSED,
+        out.code == Some(1)
+            && out
+                .stderr
+                .contains("invalid configuration: cannot use unified on cgroup v1"),
+        || out.describe(),
+    );
+    let st = ctx.state(&id);
+    ctx.check(LEFT, st.is_err(), || super::show(&st));
     Ok(())
 }

@@ -2,6 +2,7 @@
 
 mod caps;
 mod cgroups;
+mod checkpoint;
 mod cli;
 mod console;
 mod devices;
@@ -49,6 +50,7 @@ pub fn all() -> Vec<(&'static str, CaseFn)> {
     v.extend_from_slice(console::CASES);
     v.extend_from_slice(exec::CASES);
     v.extend_from_slice(cli::CASES);
+    v.extend_from_slice(checkpoint::CASES);
     v.extend_from_slice(events::CASES);
     v
 }

@@ -4,13 +4,14 @@ use std::path::Path;
 
 use anyhow::Result;
 use oci_validation::expect::{Check, Expectations, Probe};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::{CaseFn, Ctx};
 use crate::report::Outcome;
 
 pub const CASES: &[(&str, CaseFn)] = &[
     ("seccomp", seccomp),
+    ("seccomp-default-profile", default_profile),
     ("sysctl", sysctl),
     ("oom-score-adj", oom_score_adj),
     ("lsm-disabled", lsm_disabled),
@@ -92,6 +93,117 @@ fn seccomp(ctx: &mut Ctx) -> Result<()> {
             None,
         ),
     );
+    ctx.run_checker(&b, &e)?;
+    Ok(())
+}
+
+/// Podman's default profile (containers-common), in the Docker profile
+/// format with `includes`/`excludes`.
+const CONTAINERS_PROFILE: &str = "/usr/share/containers/seccomp.json";
+
+/// A Docker-format profile as Docker and Podman hand it to runc for an
+/// amd64 container with capabilities `caps`: rules whose `includes` the
+/// container does not meet or whose `excludes` it does are dropped, the
+/// architectures are the amd64 entry of `archMap` with its
+/// sub-architectures, and the format's own fields go.
+fn oci_profile(docker: &Value, caps: &[&str]) -> Value {
+    let has = |v: &Value, key: &str, f: &dyn Fn(&str) -> bool| {
+        v.get(key).and_then(Value::as_array).map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(f)
+                .collect::<Vec<_>>()
+        })
+    };
+    let mut syscalls = Vec::new();
+    for rule in docker["syscalls"].as_array().into_iter().flatten() {
+        let inc = &rule["includes"];
+        let exc = &rule["excludes"];
+        let caps_in = |c: &str| caps.contains(&c);
+        let amd64 = |a: &str| a == "amd64";
+        let included = has(inc, "caps", &caps_in).is_none_or(|v| v.iter().all(|b| *b))
+            && has(inc, "arches", &amd64).is_none_or(|v| v.is_empty() || v.iter().any(|b| *b));
+        let excluded = has(exc, "caps", &caps_in).is_some_and(|v| v.iter().any(|b| *b))
+            || has(exc, "arches", &amd64).is_some_and(|v| v.iter().any(|b| *b));
+        if !included || excluded {
+            continue;
+        }
+        let mut r = rule.clone();
+        if let Some(o) = r.as_object_mut() {
+            for k in ["includes", "excludes", "comment", "errno"] {
+                o.remove(k);
+            }
+        }
+        syscalls.push(r);
+    }
+    let arches: Vec<Value> = docker["archMap"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["architecture"] == "SCMP_ARCH_X86_64")
+        .flat_map(|m| {
+            let mut v = vec![m["architecture"].clone()];
+            v.extend(
+                m["subArchitectures"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            );
+            v
+        })
+        .collect();
+    json!({
+        "defaultAction": docker["defaultAction"],
+        "defaultErrnoRet": docker["defaultErrnoRet"],
+        "architectures": arches,
+        "syscalls": syscalls,
+    })
+}
+
+/// The default profile Podman gives runc loads, and the workload runs
+/// under it: a profile with `defaultErrnoRet`, sub-architectures, rules
+/// with argument filters (`personality`, `socket`, `clone`) and names
+/// libseccomp may not know.
+fn default_profile(ctx: &mut Ctx) -> Result<()> {
+    const CHECKS: &[&str] = &[
+        "default profile loaded (Seccomp: 2)",
+        "allowed syscalls work under it",
+        "unlisted syscall gets defaultErrnoRet",
+    ];
+    let text = match std::fs::read_to_string(CONTAINERS_PROFILE) {
+        Ok(t) => t,
+        Err(e) => {
+            ctx.skip_all(CHECKS, &format!("{CONTAINERS_PROFILE}: {e}"));
+            return Ok(());
+        }
+    };
+    let docker: Value = serde_json::from_str(&text)?;
+    let profile = oci_profile(&docker, crate::bundle::DEFAULT_CAPS);
+    let default_errno = profile["defaultErrnoRet"]
+        .as_i64()
+        .and_then(|e| i32::try_from(e).ok())
+        .unwrap_or(libc::EPERM);
+    let mut b = ctx.bundle()?;
+    b.set("/linux/seccomp", profile);
+    let mut e = Expectations::default();
+    e.push(
+        CHECKS[0],
+        Check::Status {
+            field: "Seccomp".into(),
+            value: "2".into(),
+        },
+    );
+    e.push(
+        CHECKS[1],
+        syscall(
+            Probe::WriteFile {
+                path: "/tmp/allowed".into(),
+            },
+            None,
+        ),
+    );
+    // add_key is left out of the profile: the default action answers.
+    e.push(CHECKS[2], syscall(Probe::AddKey, Some(default_errno)));
     ctx.run_checker(&b, &e)?;
     Ok(())
 }
