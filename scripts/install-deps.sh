@@ -17,6 +17,9 @@ PACKAGES=(
   busybox-static iproute2 iptables nftables dnsmasq-base socat jq procps util-linux psmisc
   # the microvm tier: QEMU, and what virtiofsd builds against
   qemu-system-x86 libcap-ng-dev cpio e2fsprogs
+  # checkpoint in the container tier, as runc's (the conformance case
+  # `checkpoint`; CRIU 3.17 cannot dump on every kernel, which the case checks)
+  criu
   # the benchmark's network part (make bench)
   iperf3 wrk
   # the guest kernel (kernels/build.sh)
