@@ -144,6 +144,8 @@ mount -t tmpfs -o mode=0755 tmpfs /run
 ln -s /run /var/run
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
 ln -sf pts/ptmx /dev/ptmx
+mkdir -p "$repo/tests/images"
+cp /busybox-rootfs.sh "$repo/tests/images/"
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 # The root cgroup hands every controller down, as systemd's does.
 for c in \$(cat /sys/fs/cgroup/cgroup.controllers); do
@@ -286,9 +288,9 @@ main() {
     cp "$network_tests" "$tmp/root/bin/network-tests"
     copy_program /usr/sbin/ip "$tmp/root" /usr/local/sbin/ip
     # The tests make their rootfs with this script, found by its path in
-    # the source tree.
-    mkdir -p "$tmp/root$repo/tests/images"
-    cp "$repo/tests/images/busybox-rootfs.sh" "$tmp/root$repo/tests/images/"
+    # the source tree: /init puts it there once /tmp and /run are mounted
+    # (a checkout under /tmp would be hidden by the test host's tmpfs).
+    cp "$repo/tests/images/busybox-rootfs.sh" "$tmp/root/busybox-rootfs.sh"
     cp "$guest_kernel" "$tmp/root/guest/vmlinux"
     write_init "$tmp/root/init"
     (cd "$tmp/root" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) >"$tmp/initramfs.cpio"
