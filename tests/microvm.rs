@@ -369,10 +369,7 @@ fn update_gives_the_guest_more_ram_up_to_the_configured_ceiling() {
     let (_, max) = wait_for_guest_ram(&f, id, 1024);
     assert_eq!(max, "max");
 
-    f.agentvm(&["kill", id, "KILL"]).ok();
-    wait_for_status(&f, id, "stopped");
-    f.agentvm(&["delete", id]).ok();
-    assert_nothing_left(&f, id);
+    kill_and_delete(&f, id);
 }
 
 #[test]
@@ -391,6 +388,16 @@ fn missing_kernel_is_a_clear_error_and_leaves_nothing() {
 }
 
 /// Starts a container that sleeps, for the fault tests.
+/// Kills a running container, waits for it to stop, deletes it, and checks
+/// that nothing of it is left.
+#[track_caller]
+fn kill_and_delete(f: &Fixture, id: &str) {
+    f.agentvm(&["kill", id, "KILL"]).ok();
+    wait_for_status(f, id, "stopped");
+    f.agentvm(&["delete", id]).ok();
+    assert_nothing_left(f, id);
+}
+
 fn start_sleeper(f: &Fixture, id: &str) {
     write_script(f, "echo up > /out/up; exec sleep 1000");
     f.create(id).ok();
@@ -435,10 +442,7 @@ fn pause_stops_the_guest_and_resume_lets_it_go_on() {
         wait_for(30, || (tick() > frozen + 2).then_some(())).is_some(),
         "the guest did not go on after resume"
     );
-    f.agentvm(&["kill", id, "KILL"]).ok();
-    wait_for_status(&f, id, "stopped");
-    f.agentvm(&["delete", id]).ok();
-    assert_nothing_left(&f, id);
+    kill_and_delete(&f, id);
 }
 
 /// Under the builtin VMM, its threads run in the supervisor's process:
@@ -518,10 +522,7 @@ fn the_builtin_vmm_s_threads_are_jailed() {
         .ok();
     assert_eq!(out.stdout.trim(), "up");
     assert_eq!(wait_for_file(&f, "jailed").trim(), "through");
-    f.agentvm(&["kill", id, "KILL"]).ok();
-    wait_for_status(&f, id, "stopped");
-    f.agentvm(&["delete", id]).ok();
-    assert_nothing_left(&f, id);
+    kill_and_delete(&f, id);
 }
 
 #[test]
