@@ -260,12 +260,15 @@ impl Qemu {
         push(&format!("virtserialport,chardev=ctl,name={PORT_NAME}"));
         push("-device");
         push("virtio-rng-device");
-        // The balloon holds the RAM the guest may not use (a limit below
-        // the VM's size: see `GuestRam`), and pages the guest frees go back
-        // to the host (free page reporting). QMP, on a socketpair, sets it.
+        // Every VM has a balloon with free page reporting: pages the guest
+        // frees go back to the host (the agent lowers the kernel's reporting
+        // threshold and gives back its page cache when idle: `guest::trim`).
+        // Where the guest may use less than the VM's RAM (a limit below its
+        // size: see `GuestRam`) the balloon also holds the rest; QMP, on a
+        // socketpair, sets it.
+        push("-device");
+        push("virtio-balloon-device,free-page-reporting=on");
         if let Some(qmp) = fds.qmp {
-            push("-device");
-            push("virtio-balloon-device,free-page-reporting=on");
             push("-chardev");
             push(&format!("socket,id=qmp,fd={qmp}"));
             push("-mon");
