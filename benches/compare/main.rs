@@ -316,6 +316,19 @@ fn overhead_table(rows: &[Row]) -> Option<String> {
 /// the trace, then `start`, the wait for the exit (the VM's shutdown
 /// included) and `delete`. `None` when the runtime keeps no trace.
 fn boot_table(samples: &[oci::Phases]) -> Option<String> {
+    let mut table = String::from("| part | median |\n|---|---:|\n");
+    for (name, d) in boot_parts(samples)? {
+        table.push_str(&format!(
+            "| {name} | {} |\n",
+            d.map_or_else(|| "–".to_string(), ms)
+        ));
+    }
+    Some(table)
+}
+
+/// The parts of a microvm round (medians), the round last; `None` without
+/// a boot trace.
+fn boot_parts(samples: &[oci::Phases]) -> Option<Vec<(String, Option<Duration>)>> {
     let traced: Vec<&oci::Phases> = samples.iter().filter(|p| !p.boot.is_empty()).collect();
     let first = traced.first()?;
     let mut lines: Vec<(String, Option<Duration>)> = Vec::new();
@@ -351,14 +364,7 @@ fn boot_table(samples: &[oci::Phases]) -> Option<String> {
     ));
     lines.push(("`delete`".into(), median(|p| p.delete)));
     lines.push(("round".into(), median(|p| p.total)));
-    let mut table = String::from("| part | median |\n|---|---:|\n");
-    for (name, d) in lines {
-        table.push_str(&format!(
-            "| {name} | {} |\n",
-            d.map_or_else(|| "–".to_string(), ms)
-        ));
-    }
-    Some(table)
+    Some(lines)
 }
 
 /// Part (a). Returns the report section and whether every round passed.
@@ -432,7 +438,19 @@ fn oci_part(
             ));
         }
     }
+    let floor_median = rows
+        .iter()
+        .find(|r| r.name == qemu_floor::NAME)
+        .and_then(|r| r.summary.as_ref().map(|m| m.median));
     for s in &series {
+        if let Some(parts) = boot_parts(&s.samples) {
+            chart.parts_title = format!("{}: cold start by part (median)", s.name);
+            chart.parts = parts
+                .into_iter()
+                .filter_map(|(name, d)| Some((name.replace('`', ""), d?.as_secs_f64() * 1e3)))
+                .chain(floor_median.map(|d| (qemu_floor::NAME.to_string(), d.as_secs_f64() * 1e3)))
+                .collect();
+        }
         if let Some(table) = boot_table(&s.samples) {
             section.push_str(&format!(
                 "\n{}'s round by part (median of each; `create`'s parts from the supervisor's \
@@ -516,6 +534,9 @@ fn memory_part(
             }
         };
         let guest: Vec<u64> = fps.iter().filter_map(|f| f.guest_touched()).collect();
+        if !guest.is_empty() {
+            details.push_str(&kinds_table(rt.name, &fps));
+        }
         rows.push(MemRow {
             name: rt.name,
             processes: median_u64(fps.iter().map(|f| f.procs.len() as u64)),
@@ -574,6 +595,56 @@ fn memory_part(
         failures
     );
     Ok((section, failures.is_empty()))
+}
+
+/// Where an idle microVM's PSS goes (medians per container of each kind),
+/// and how many such VMs 8 GiB holds.
+fn kinds_table(name: &str, fps: &[memory::Footprint]) -> String {
+    let kinds: Vec<memory::Kinds> = fps.iter().map(|f| f.kinds()).collect();
+    let of = |f: fn(&memory::Kinds) -> u64| median_u64(kinds.iter().map(f)).unwrap_or(0);
+    let rows: [(&str, u64); 6] = [
+        (
+            "guest RAM touched (the memfd; QEMU's and virtiofsd's shares)",
+            of(|k| k.guest),
+        ),
+        (
+            "QEMU: TCG translation cache (none under KVM)",
+            of(|k| k.code_cache),
+        ),
+        ("QEMU: other private memory", of(|k| k.qemu_anon)),
+        ("virtiofsd: private memory", of(|k| k.virtiofsd_anon)),
+        (
+            "supervisor (agentvm): private memory",
+            of(|k| k.supervisor_anon),
+        ),
+        (
+            "mapped files: binaries, libraries, the kernel image QEMU keeps mapped (page cache shared by all VMs: PSS splits it)",
+            of(|k| k.files),
+        ),
+    ];
+    let total = median_u64(fps.iter().map(|f| f.pss())).unwrap_or(0);
+    let private: u64 = rows[..5].iter().map(|(_, v)| v).sum();
+    let mut out = format!(
+        "\n{name}: where an idle VM's PSS goes (median per VM of each kind):\n\n\
+         | kind | PSS |\n|---|---:|\n"
+    );
+    for (kind, kib) in rows {
+        out.push_str(&format!("| {kind} | {} |\n", mib(kib)));
+    }
+    out.push_str(&format!(
+        "| total (median of the sums) | {} |\n",
+        mib(total)
+    ));
+    let fit =
+        |kib: u64| stats::fit_in_8_gib(kib).map_or_else(|| "–".to_string(), |n| n.to_string());
+    out.push_str(&format!(
+        "\nIdle VMs in 8 GiB at that PSS: {}; counting only what each VM has of its own (all but \
+         the mapped files, which many VMs share), {} ({} each).\n",
+        fit(total),
+        fit(private),
+        mib(private)
+    ));
+    out
 }
 
 fn run() -> anyhow::Result<bool> {

@@ -18,8 +18,11 @@ use crate::oci::{invoke, Workspace};
 use crate::reaper::reap_orphans;
 use crate::runtimes::Runtime;
 
-/// How long the containers idle before they are measured.
-pub const SETTLE: Duration = Duration::from_secs(2);
+/// How long the containers idle before they are measured: a microVM's
+/// agent gives its page cache back 10 s after its last request and the
+/// guest kernel reports freed pages to the host in passes 2 s apart
+/// (`guest::trim`), so an idle microVM has settled by then.
+pub const SETTLE: Duration = Duration::from_secs(16);
 /// How long a container may take to be `running` after `start`.
 const RUNNING_TIMEOUT_SECS: u64 = 60;
 
@@ -31,6 +34,30 @@ pub struct Proc {
     pub pss: u64,
     /// Resident shared memory (shmem/memfd pages mapped).
     pub rss_shmem: u64,
+    /// PSS of anonymous, file-backed and shmem pages (smaps_rollup).
+    pub pss_anon: u64,
+    pub pss_file: u64,
+    pub pss_shmem: u64,
+    /// Resident anonymous memory mapped writable and executable: QEMU's
+    /// TCG translation cache (none under KVM).
+    pub code_cache: u64,
+}
+
+/// An idle container's PSS by kind, in KiB.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Kinds {
+    /// Guest RAM (the memfd QEMU and virtiofsd map).
+    pub guest: u64,
+    /// QEMU's TCG translation cache.
+    pub code_cache: u64,
+    /// Other private memory, per process name.
+    pub qemu_anon: u64,
+    pub virtiofsd_anon: u64,
+    pub supervisor_anon: u64,
+    /// Mapped files (binaries, libraries, the guest kernel QEMU keeps
+    /// mapped): page cache shared by every VM on the host, so PSS splits it
+    /// between them.
+    pub files: u64,
 }
 
 /// All the processes of one idle container.
@@ -56,6 +83,25 @@ impl Footprint {
             .collect();
         (!qemu.is_empty()).then(|| qemu.iter().map(|p| p.rss_shmem).sum())
     }
+    /// PSS by kind (see [`Kinds`]).
+    pub fn kinds(&self) -> Kinds {
+        let mut k = Kinds::default();
+        for p in &self.procs {
+            k.guest += p.pss_shmem;
+            k.files += p.pss_file;
+            let private = p.pss_anon.saturating_sub(p.code_cache);
+            k.code_cache += p.code_cache.min(p.pss_anon);
+            if p.comm.starts_with("qemu-system") {
+                k.qemu_anon += private;
+            } else if p.comm.starts_with("virtiofsd") {
+                k.virtiofsd_anon += private;
+            } else {
+                k.supervisor_anon += private;
+            }
+        }
+        k
+    }
+
     /// RSS and PSS summed per process name, with the number of processes.
     pub fn by_comm(&self) -> BTreeMap<String, (usize, u64, u64)> {
         let mut m = BTreeMap::new();
@@ -134,9 +180,40 @@ pub fn measure(pid: i32) -> Result<Footprint, BenchError> {
             rss: kib(&rollup, "Rss").unwrap_or(0),
             pss: kib(&rollup, "Pss").unwrap_or(0),
             rss_shmem: kib(&status, "RssShmem").unwrap_or(0),
+            pss_anon: kib(&rollup, "Pss_Anon").unwrap_or(0),
+            pss_file: kib(&rollup, "Pss_File").unwrap_or(0),
+            pss_shmem: kib(&rollup, "Pss_Shmem").unwrap_or(0),
+            code_cache: code_cache(p),
         });
     }
     Ok(Footprint { procs })
+}
+
+/// Resident KiB of `pid`'s anonymous mappings that are writable and
+/// executable (/proc/PID/smaps): QEMU's TCG translation cache.
+fn code_cache(pid: i32) -> u64 {
+    let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return 0;
+    };
+    let mut total = 0;
+    let mut inside = false;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            // A mapping's header: range, perms, offset, dev, inode[, path].
+            let perms = fields.next().unwrap_or("");
+            let inode = fields.nth(2).unwrap_or("");
+            let path = fields.next();
+            inside = perms.starts_with("rwx") && inode == "0" && path.is_none();
+        } else if inside && first == "Rss:" {
+            total += fields
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    total
 }
 
 /// `state ID` of `rt`: (status, pid).

@@ -106,11 +106,7 @@ impl Floor {
             "-M".into(),
             "microvm,acpi=off,memory-backend=mem,rtc=on".into(),
         ];
-        if kvm {
-            args.extend(["-accel", "kvm", "-cpu", "host,-arch-capabilities"].map(String::from));
-        } else {
-            args.extend(["-accel", "tcg", "-cpu", "max"].map(String::from));
-        }
+        args.extend(agentvm::microvm::vmm::qemu::accel_args(kvm));
         args.extend([
             "-smp".into(),
             VCPUS.to_string(),

@@ -170,6 +170,12 @@ pub struct MemRow {
     pub failed: usize,
 }
 
+/// How many containers of `pss_kib` each fit in 8 GiB (`None` for 0).
+pub fn fit_in_8_gib(pss_kib: u64) -> Option<u64> {
+    const EIGHT_GIB_KIB: u64 = 8 << 20;
+    EIGHT_GIB_KIB.checked_div(pss_kib)
+}
+
 /// The table of idle memory, PSS compared with runc's and crun's.
 pub fn memory_table(rows: &[MemRow]) -> String {
     let base = |name: &str| rows.iter().find(|r| r.name == name).and_then(|r| r.pss);
@@ -180,12 +186,12 @@ pub fn memory_table(rows: &[MemRow]) -> String {
     };
     let dash = || "–".to_string();
     let mut out = String::from(
-        "| runtime | processes | RSS | PSS | guest RAM touched | PSS ÷ runc | PSS ÷ crun | containers ok / failed |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| runtime | processes | RSS | PSS | guest RAM touched | PSS ÷ runc | PSS ÷ crun | idle in 8 GiB | containers ok / failed |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} / {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} |\n",
             r.name,
             r.processes.map_or_else(dash, |p| p.to_string()),
             r.rss.map_or_else(dash, mib),
@@ -193,6 +199,9 @@ pub fn memory_table(rows: &[MemRow]) -> String {
             r.guest.map_or_else(dash, mib),
             r.pss.map_or_else(dash, |p| times(p, runc)),
             r.pss.map_or_else(dash, |p| times(p, crun)),
+            r.pss
+                .and_then(fit_in_8_gib)
+                .map_or_else(dash, |n| n.to_string()),
             r.ok,
             r.failed
         ));

@@ -38,6 +38,9 @@ pub struct Agent {
     /// The pod's further containers: their init's stream id and their id
     /// in the container tier here.
     pub(super) members: BTreeMap<u32, String>,
+    /// When to give guest RAM back to the host ([`super::trim`]): a while
+    /// after the last request, once.
+    trim_at: Option<Instant>,
     buf: Vec<u8>,
 }
 
@@ -78,6 +81,7 @@ impl Agent {
             streams: BTreeMap::new(),
             netns: None,
             members: BTreeMap::new(),
+            trim_at: None,
             buf: vec![0u8; OUTPUT_CHUNK],
         })
     }
@@ -127,6 +131,7 @@ impl Agent {
         loop {
             self.reap();
             self.report_exits()?;
+            self.trim_if_idle()?;
             for (token, revents) in self.wait()? {
                 match token {
                     Token::Port => {
@@ -190,7 +195,29 @@ impl Agent {
         self.streams
             .values()
             .filter_map(|s| s.exit.as_ref().map(|e| e.deadline))
+            .chain(self.trim_at)
             .min()
+    }
+
+    /// Gives guest RAM back to the host once no request came for
+    /// [`super::trim::IDLE`]; says what it did in a debug line.
+    fn trim_if_idle(&mut self) -> Result<(), GuestError> {
+        if self.trim_at.is_none_or(|at| at > Instant::now()) {
+            return Ok(());
+        }
+        self.trim_at = None;
+        let started = Instant::now();
+        let line = match super::trim::trim() {
+            Ok(t) => format!(
+                "trim: page cache {} -> {} KiB in {} ms",
+                t.cached_before_kib,
+                t.cached_after_kib,
+                started.elapsed().as_millis()
+            ),
+            Err(e) => format!("trim: {e}"),
+        };
+        self.port.log("debug", line)?;
+        Ok(())
     }
 
     /// Reaps every child that ended. As PID 1 the agent also inherits the
@@ -288,6 +315,7 @@ impl Agent {
     fn on_frame(&mut self, frame: Frame) -> Result<Flow, GuestError> {
         match frame.kind {
             Kind::Control => {
+                self.trim_at = Some(Instant::now() + super::trim::IDLE);
                 let (reply, flow) = match frame.parse_control::<HostMessage>() {
                     Ok(HostMessage::Shutdown) => {
                         self.shutdown();

@@ -71,6 +71,9 @@ pub fn setup() -> Result<Booted, BootError> {
     if let Err(e) = loopback_up() {
         warnings.push(format!("cannot bring up lo: {e}"));
     }
+    if let Err(e) = super::trim::report_small_blocks() {
+        warnings.push(e.to_string());
+    }
     phases.mark("cgroups+lo");
     let share_error = mount_share().err();
     phases.mark("virtio-fs");

@@ -28,6 +28,7 @@ mod port;
 mod requests;
 mod stream;
 mod sys;
+mod trim;
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;

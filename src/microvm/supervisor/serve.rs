@@ -308,7 +308,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
             let _ = shared.request(&HostMessage::Shutdown);
             let deadline = Instant::now() + Duration::from_secs(3);
             while Instant::now() < deadline && vm.exited().is_none() {
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(Duration::from_millis(2));
             }
             status
         }
@@ -350,7 +350,7 @@ fn wait_for_end(
                 // that when it is so.
                 let deadline = Instant::now() + Duration::from_millis(500);
                 while vm.exited().is_none() && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(20));
+                    std::thread::sleep(Duration::from_millis(2));
                 }
                 match vm.exited() {
                     Some(end) => vm_lost(shared, &end),
