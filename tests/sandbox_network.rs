@@ -210,6 +210,21 @@ fn the_peer_reaches_a_server_in_the_guest() {
         (o.status.success()).then(|| String::from_utf8_lossy(&o.stdout).into_owned())
     });
     assert_eq!(got.as_deref(), Some("served-by-the-guest\n"));
+    // The builtin VMM counts the NIC's traffic, reported as runc's
+    // network_interfaces under the guest's name; QEMU's are not read.
+    let events = f.agentvm(&["events", "--stats", "mvn-srv"]);
+    assert_eq!(events.code, 0, "{events}");
+    let event: serde_json::Value = serde_json::from_str(events.out()).expect("event JSON");
+    let nics = &event["data"]["network_interfaces"];
+    if common::guest::builtin() {
+        let nic = &nics[0];
+        assert_eq!(nic["name"], "eth0", "{events}");
+        for k in ["rx_packets", "tx_packets", "rx_bytes", "tx_bytes"] {
+            assert!(nic[k].as_u64().unwrap_or(0) > 0, "{k}: {events}");
+        }
+    } else {
+        assert!(nics.is_null(), "{events}");
+    }
     f.agentvm(&["delete", "--force", "mvn-srv"]);
     assert_nothing_left(&f, "mvn-srv");
 }

@@ -391,7 +391,7 @@ impl Agent {
             stats.memory_limit_bytes = read("memory.max").trim().parse().unwrap_or(0);
             stats.oom_kills = crate::events::oom_kill_count(&read("memory.events")).unwrap_or(0);
         }
-        Ok(Reply::Stats { stats })
+        Ok(Reply::Stats { stats, vmm: None })
     }
 }
 

@@ -256,6 +256,7 @@ fn start_supervisor(
         net_restore: Vec::new(),
         egress: opts.egress.to_string(),
         boot: Vec::new(),
+        first_instruction_us: None,
         pod_sandbox: pod.map(|p| p.id.clone()),
     };
     let state = match pod {
@@ -582,10 +583,14 @@ pub fn guest_processes(ctx: &Context, id: &str) -> Result<Vec<protocol::GuestPro
     }
 }
 
-/// The container's resource use as the guest measures it.
-pub fn stats(ctx: &Context, id: &str) -> Result<protocol::GuestStats> {
+/// The container's resource use as the guest measures it, and what the
+/// VMM counts for the VM (where it counts).
+pub fn stats(
+    ctx: &Context,
+    id: &str,
+) -> Result<(protocol::GuestStats, Option<protocol::VmmCounters>)> {
     match ask(ctx, id, SupervisorRequest::Stats)? {
-        Reply::Stats { stats } => Ok(stats),
+        Reply::Stats { stats, vmm } => Ok((stats, vmm)),
         other => Err(MicrovmError::UnexpectedReply {
             what: "stats",
             reply: format!("{other:?}"),

@@ -22,7 +22,7 @@ struct GuestOom {
 impl OomWatch for GuestOom {
     fn kills(&mut self, ctx: &Context) -> tier::Result<u64> {
         match super::stats(ctx, &self.id) {
-            Ok(stats) => Ok(stats.oom_kills),
+            Ok((stats, _)) => Ok(stats.oom_kills),
             Err(e) => {
                 // Once the VM has ended, the count its supervisor kept.
                 let state = VmState::load(&ctx.container_dir(&self.id))?;
@@ -122,7 +122,7 @@ impl tier::Tier for Tier {
             }
             _ => return Ok(None),
         }
-        let guest = super::stats(ctx, id)?;
+        let (guest, vmm) = super::stats(ctx, id)?;
         let mut stats = Stats::default();
         stats.cpu.usage.usage_total = guest.cpu_usage_ns;
         stats.memory.memory.usage = guest.memory_usage_bytes;
@@ -136,10 +136,11 @@ impl tier::Tier for Tier {
         ]);
         stats.pids.current = guest.pids;
         // The guest's cpuset is not reported: its figures stay zero.
-        Ok(Some(crate::events::Stats::from_cgroup(
-            &stats,
-            Default::default(),
-        )))
+        let stats = crate::events::Stats::from_cgroup(&stats, Default::default());
+        Ok(Some(match vmm {
+            Some(counters) => stats.with_vmm(counters),
+            None => stats,
+        }))
     }
 
     /// The guest counts the OOM kills of the container's cgroup in the

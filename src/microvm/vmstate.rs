@@ -69,6 +69,10 @@ pub struct VmState {
     /// trace); empty until the VM booted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub boot: Vec<super::supervisor::trace::BootPart>,
+    /// The VMM's own measure, where it keeps one (the builtin VMM): from
+    /// the VM's creation to the guest's first instruction, microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_instruction_us: Option<u64>,
     /// A further container of a Kubernetes pod, running in the VM of this
     /// sandbox container (same `--root`); `supervisor_pid` is then its
     /// relay's (`src/microvm/pod.rs`), and it has no host cgroup.

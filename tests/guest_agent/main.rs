@@ -204,7 +204,7 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
         other => vm.fail(&format!("Ps: {other:?}")),
     }
     match vm.request(&HostMessage::Stats) {
-        Reply::Stats { stats } => {
+        Reply::Stats { stats, .. } => {
             assert!(stats.memory_total_bytes > 64 << 20, "{stats:?}");
             assert!(stats.memory_available_bytes > 0, "{stats:?}");
             assert!(stats.memory_usage_bytes > 0, "{stats:?}");
@@ -278,7 +278,7 @@ fn bad_requests_are_errors_and_garbage_ends_the_vm_cleanly() {
     vm.stdin(77, b"to nobody");
     // Still serving.
     match vm.request(&HostMessage::Stats) {
-        Reply::Stats { stats } => assert!(stats.memory_total_bytes > 0),
+        Reply::Stats { stats, .. } => assert!(stats.memory_total_bytes > 0),
         other => vm.fail(&format!("Stats after bad requests: {other:?}")),
     }
     assert!(

@@ -405,6 +405,11 @@ pub enum Reply {
     },
     Stats {
         stats: GuestStats,
+        /// What the VMM itself counts for the VM: added by the supervisor
+        /// (which drops whatever a guest put here), `None` from a VMM that
+        /// counts nothing of its own (QEMU).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vmm: Option<VmmCounters>,
     },
     /// The request failed; `message` is what runc would have printed.
     Error {
@@ -438,6 +443,46 @@ pub struct GuestStats {
     /// (`oom_kill` of the container cgroup's `memory.events`).
     #[serde(default)]
     pub oom_kills: u64,
+}
+
+/// What the builtin VMM counts for one VM, as `events --stats` reports
+/// it. The host measures all of it; none of it comes from the guest.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VmmCounters {
+    /// From the VM's creation (before `/dev/kvm` is opened) to the first
+    /// `KVM_RUN` of vCPU 0, the guest's first instruction; `None` before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_instruction_us: Option<u64>,
+    /// Exits from `KVM_RUN` on every vCPU, and those that were port or
+    /// MMIO accesses a device served.
+    pub vcpu_exits: u64,
+    pub pio_exits: u64,
+    pub mmio_exits: u64,
+    /// Descriptor chains the devices refused as malformed (each completed
+    /// with length 0).
+    pub bad_chains: u64,
+    /// Requests the virtio-fs device served.
+    #[serde(default)]
+    pub fs_requests: u64,
+    /// One per virtio NIC, in the order of the guest's interfaces; the
+    /// guest's view (`rx`: frames the guest received).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<NicCounters>,
+}
+
+/// A virtio NIC's traffic, in the fields of runc's `NetworkInterface`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NicCounters {
+    /// The interface's name in the guest (`eth0`).
+    pub name: String,
+    pub rx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_errors: u64,
+    pub rx_dropped: u64,
+    pub tx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_errors: u64,
+    pub tx_dropped: u64,
 }
 
 /// The guest's boot milestones, in microseconds of the guest's

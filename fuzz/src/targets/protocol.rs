@@ -135,6 +135,9 @@ enum Seed {
     Started(Num),
     Pids(Vec<Num>, Vec<(Num, Num, Num, Text)>),
     Stats([Num; 7]),
+    /// A reply carrying VMM counters, which only the supervisor may add
+    /// (it drops the guest's): they must still parse and round-trip.
+    StatsWithVmm([Num; 4], Text),
     Error(Text),
     Exit(Num, Num),
     Log(u8, Text),
@@ -196,6 +199,21 @@ fn frame_of(seed: &Seed) -> Frame {
                 pids: n[5].u64(),
                 oom_kills: n[6].u64(),
             },
+            vmm: None,
+        }),
+        Seed::StatsWithVmm(n, name) => GuestMessage::Reply(Reply::Stats {
+            stats: GuestStats::default(),
+            vmm: Some(agentvm_protocol::VmmCounters {
+                first_instruction_us: Some(n[0].u64()),
+                vcpu_exits: n[1].u64(),
+                bad_chains: n[2].u64(),
+                nics: vec![agentvm_protocol::NicCounters {
+                    name: name.string(),
+                    rx_bytes: n[3].u64(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
         }),
         Seed::Error(m) => GuestMessage::Reply(Reply::Error {
             message: m.string(),

@@ -182,6 +182,9 @@ pub struct Booted {
     /// How much of the VM's RAM the guest may use, where a balloon sets it
     /// (the VM booted with `microvm.memory_ceiling_mib`).
     pub guest_ram: Option<GuestRam>,
+    /// The guest's interface names, one per NIC in order (for the VMM's
+    /// counters in `events --stats`).
+    pub nic_names: Vec<String>,
 }
 
 /// The guest's share of its VM's RAM, and the VMM's control of it.
@@ -454,6 +457,12 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     };
     // QEMU holds the taps now.
     drop(config);
+    let nic_names = plumbed
+        .guest
+        .interfaces
+        .iter()
+        .map(|i| i.name.clone())
+        .collect();
     let super::net::Kept { dns, ndp, restore } = plumbed.keep();
     state.netns = super::spec::netns_path(&spec);
     state.net_restore = restore;
@@ -463,6 +472,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     trace.mark("finish");
     tracing::debug!("container {}: boot trace: {}", state.id, trace.summary());
     state.boot = trace.parts().to_vec();
+    state.first_instruction_us = vm.counters().and_then(|c| c.read().first_instruction_us);
     state.save(dir)?;
     Ok(Booted {
         vm,
@@ -475,6 +485,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         ndp,
         egress: egress_daemon,
         guest_ram,
+        nic_names,
     })
 }
 

@@ -152,6 +152,10 @@ struct Shared {
     /// The VMM's own pause (the builtin VMM's parked vCPUs); `None` where
     /// pause freezes the host cgroup, this supervisor with it.
     pauser: Option<Arc<dyn crate::microvm::vmm::Pauser>>,
+    /// The VMM's own counters, where it keeps them, and the guest's names
+    /// of its NICs in order.
+    counters: Option<Arc<dyn crate::microvm::vmm::Counters>>,
+    nic_names: Vec<String>,
 }
 
 /// Counts one CLI request in [`Shared::answering`] while it lives.
@@ -192,6 +196,17 @@ impl Shared {
                 Err(_) => return,
             }
         }
+    }
+
+    /// The VMM's counters now, its NICs under the guest's names; `None`
+    /// from a VMM that keeps none. Whatever the guest put in its own reply
+    /// is never passed on in their place.
+    fn vmm_counters(&self) -> Option<crate::protocol::VmmCounters> {
+        let mut counters = self.counters.as_ref()?.read();
+        for (nic, name) in counters.nics.iter_mut().zip(&self.nic_names) {
+            nic.name.clone_from(name);
+        }
+        Some(counters)
     }
 
     fn send(&self, frame: &Frame) -> Result<(), String> {
@@ -237,6 +252,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         ndp,
         egress,
         guest_ram,
+        nic_names,
     } = booted;
     // From here on the supervisor only relays: jail it before any thread
     // exists, so all of them inherit the jail.
@@ -282,6 +298,8 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         guest_ram: Mutex::new(guest_ram),
         members: Default::default(),
         pauser: vm.pauser(),
+        counters: vm.counters(),
+        nic_names,
     });
     spawn_reader(shared.clone(), guest);
     spawn_stdin(
@@ -301,7 +319,7 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
             // The workload is gone. Its cgroup's OOM-kill count is kept for
             // `events`, which must report a kill that ended the container
             // (the guest's count goes with the VM).
-            if let Ok(Reply::Stats { stats }) = shared.request(&HostMessage::Stats) {
+            if let Ok(Reply::Stats { stats, .. }) = shared.request(&HostMessage::Stats) {
                 oom_kills = Some(stats.oom_kills);
             }
             // Power the guest off, then make sure.
@@ -649,7 +667,13 @@ fn answer(shared: &Shared, req: &SupervisorRequest) -> Result<Reply, String> {
             Ok(Reply::Ok)
         }
         SupervisorRequest::Ps => shared.request(&HostMessage::Ps),
-        SupervisorRequest::Stats => shared.request(&HostMessage::Stats),
+        SupervisorRequest::Stats => match shared.request(&HostMessage::Stats)? {
+            Reply::Stats { stats, .. } => Ok(Reply::Stats {
+                stats,
+                vmm: shared.vmm_counters(),
+            }),
+            other => Ok(other),
+        },
         SupervisorRequest::Update { resources } => update(shared, resources),
         other => Err(format!("unexpected request {other:?}")),
     }
@@ -703,7 +727,11 @@ fn answer_member(
             all: *all,
         }),
         SupervisorRequest::Ps => shared.request(&member(MemberRequest::Ps)),
-        SupervisorRequest::Stats => shared.request(&member(MemberRequest::Stats)),
+        // The VM's counters belong to the pod's sandbox container.
+        SupervisorRequest::Stats => match shared.request(&member(MemberRequest::Stats))? {
+            Reply::Stats { stats, .. } => Ok(Reply::Stats { stats, vmm: None }),
+            other => Ok(other),
+        },
         SupervisorRequest::Update { resources } => shared.request(&member(MemberRequest::Update {
             resources: resources.clone(),
         })),
@@ -974,6 +1002,13 @@ mod tests {
     }
 
     fn fixture() -> Fixture {
+        fixture_with(None, Vec::new())
+    }
+
+    fn fixture_with(
+        counters: Option<Arc<dyn crate::microvm::vmm::Counters>>,
+        nic_names: Vec<String>,
+    ) -> Fixture {
         let (host, guest) = UnixStream::pair().unwrap();
         let (tx, events) = mpsc::channel();
         let stdout = Sink::default();
@@ -991,6 +1026,8 @@ mod tests {
             guest_ram: Mutex::new(None),
             members: Default::default(),
             pauser: None,
+            counters,
+            nic_names,
         });
         spawn_reader(shared.clone(), host);
         Fixture {
@@ -1225,6 +1262,53 @@ mod tests {
         f.send(&GuestMessage::Exit { id: 42, status: 0 });
         let why = f.gone().expect("the guest must be given up");
         assert!(why.contains("never started"), "{why}");
+    }
+
+    /// A VMM that counts: one NIC, which the guest calls `net1`.
+    struct Counted;
+    impl crate::microvm::vmm::Counters for Counted {
+        fn read(&self) -> crate::protocol::VmmCounters {
+            crate::protocol::VmmCounters {
+                vcpu_exits: 7,
+                nics: vec![crate::protocol::NicCounters {
+                    name: "eth0".into(),
+                    rx_packets: 3,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }
+        }
+    }
+
+    /// `stats` carries the VMM's counters, never what the guest claimed
+    /// them to be; without counters of the VMM's own, none.
+    #[test]
+    fn stats_carry_the_vmm_s_counters_not_the_guest_s() {
+        let forged = crate::protocol::VmmCounters {
+            vcpu_exits: 1 << 40,
+            ..Default::default()
+        };
+        for (counters, want) in [
+            (None, None),
+            (
+                Some(Arc::new(Counted) as Arc<dyn crate::microvm::vmm::Counters>),
+                Some((7, "net1".to_string(), 3)),
+            ),
+        ] {
+            let mut f = fixture_with(counters, vec!["net1".into()]);
+            let shared = f.shared.clone();
+            let asker = std::thread::spawn(move || answer(&shared, &SupervisorRequest::Stats));
+            assert_eq!(f.next_request(), HostMessage::Stats);
+            f.send(&GuestMessage::Reply(Reply::Stats {
+                stats: Default::default(),
+                vmm: Some(forged.clone()),
+            }));
+            let Ok(Reply::Stats { vmm, .. }) = asker.join().unwrap() else {
+                panic!("no stats reply");
+            };
+            let got = vmm.map(|c| (c.vcpu_exits, c.nics[0].name.clone(), c.nics[0].rx_packets));
+            assert_eq!(got, want);
+        }
     }
 
     #[test]

@@ -98,9 +98,20 @@ pub trait Vm: Send {
     fn take_guest_ram(&mut self) -> Option<Box<dyn GuestRam>>;
     /// The VMM's own pause, where it has one (the builtin VMM parks its
     /// vCPUs); `None`: pause freezes the VM's host cgroup.
+    /// What the VMM counts for this VM, readable from any thread while
+    /// it runs; `None` from a VMM that counts nothing of its own (QEMU).
+    fn counters(&self) -> Option<std::sync::Arc<dyn Counters>> {
+        None
+    }
     fn pauser(&self) -> Option<std::sync::Arc<dyn Pauser>> {
         None
     }
+}
+
+/// The VMM's own counters of a running VM (`events --stats`, the boot
+/// trace's first instruction).
+pub trait Counters: Send + Sync {
+    fn read(&self) -> crate::protocol::VmmCounters;
 }
 
 /// Stops the guest's vCPUs and lets them go on, the VMM's own way.

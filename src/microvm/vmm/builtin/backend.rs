@@ -15,9 +15,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::machine::{self, MachineError, NicPort, Options};
+use super::metrics::MachineCounters;
 use super::park::Park;
 use super::vcpu::{StopReason, StopSignal};
-use crate::microvm::vmm::{Backend, Exited, GuestRam, Pauser, Vm, VmConfig, VmmError};
+use crate::microvm::vmm::{Backend, Counters, Exited, GuestRam, Pauser, Vm, VmConfig, VmmError};
 
 /// What a VM's parts are called in [`Exited`].
 const PART: &str = "builtin VMM";
@@ -31,6 +32,7 @@ pub struct Builtin;
 pub struct BuiltinVm {
     stop: Arc<StopSignal>,
     pauser: Arc<Parker>,
+    counters: Arc<MachineCounters>,
     runner: Option<JoinHandle<Result<StopReason, MachineError>>>,
     ended: Option<Exited>,
 }
@@ -85,6 +87,7 @@ pub fn launch_machine(config: &VmConfig, options: Options) -> Result<Box<dyn Vm>
     let m = machine::build(config, options)
         .map_err(|e| setup("the builtin VMM")(std::io::Error::other(e.to_string())))?;
     let stop = m.vm.stop.clone();
+    let counters = Arc::new(m.counters.clone());
     let pauser = Arc::new(Parker {
         park: m.vm.park.clone(),
         stop: stop.clone(),
@@ -103,6 +106,7 @@ pub fn launch_machine(config: &VmConfig, options: Options) -> Result<Box<dyn Vm>
     Ok(Box::new(BuiltinVm {
         stop,
         pauser,
+        counters,
         runner: Some(runner),
         ended: None,
     }))
@@ -155,6 +159,16 @@ impl Vm for BuiltinVm {
 
     fn pauser(&self) -> Option<Arc<dyn Pauser>> {
         Some(self.pauser.clone())
+    }
+
+    fn counters(&self) -> Option<Arc<dyn Counters>> {
+        Some(self.counters.clone())
+    }
+}
+
+impl Counters for MachineCounters {
+    fn read(&self) -> crate::protocol::VmmCounters {
+        MachineCounters::read(self)
     }
 }
 

@@ -263,9 +263,9 @@ fn port_and_mmio_accesses_reach_the_right_device() {
     assert_eq!(second.lock().unwrap().status(), status::ACKNOWLEDGE);
     assert_eq!(first.lock().unwrap().status(), 0);
     assert_eq!(vm.mmio.unhandled(), 1);
-    assert_eq!(vcpu.counters.mmio, 6);
+    assert_eq!(vcpu.metrics.mmio(), 6);
     // 5 reports and the reset.
-    assert_eq!(vcpu.counters.pio, 6);
+    assert_eq!(vcpu.metrics.pio(), 6);
 }
 
 #[test]
@@ -349,7 +349,7 @@ fn a_queue_notify_is_served_and_the_used_ring_updated() {
     assert_eq!(rng.lock().unwrap().metrics.chains(), 1);
     assert_eq!(transport.lock().unwrap().ignored, 0);
     // The notify never left the kernel: KVM's ioeventfd took it.
-    let notify_exits = vcpu.counters.mmio;
+    let notify_exits = vcpu.metrics.mmio();
     assert!(notify_exits >= 13, "{notify_exits}");
 }
 
@@ -458,10 +458,22 @@ fn a_machine_built_from_a_vm_config_runs_until_the_guest_resets_it() {
     assert!(m.fs.is_some());
     assert_eq!(m.vcpus.len(), 2);
     assert!(m.serial.is_some());
+    let counters = m.counters.clone();
+    assert_eq!(counters.read().first_instruction_us, None, "not run yet");
     let started = std::time::Instant::now();
     assert_eq!(m.run().unwrap(), StopReason::Reset);
-    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    let elapsed = started.elapsed();
+    assert!(elapsed < std::time::Duration::from_secs(10));
     assert_eq!(std::fs::read(&console).unwrap(), b"ok\n");
+    // The VMM timed its own start, and counted the serial port's writes
+    // (three bytes) and the reset as port exits.
+    let c = counters.read();
+    let first = c.first_instruction_us.expect("first instruction timed");
+    assert!(first > 0 && u128::from(first) < elapsed.as_micros() + 10_000_000);
+    assert!(c.pio_exits >= 4, "{c:?}");
+    assert!(c.vcpu_exits >= c.pio_exits + c.mmio_exits, "{c:?}");
+    assert_eq!(c.nics.len(), 1);
+    assert_eq!(c.bad_chains, 0);
 }
 
 #[test]

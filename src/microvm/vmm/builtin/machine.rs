@@ -33,6 +33,7 @@ use super::jail::{self, JailError, Role};
 use super::legacy::i8042::{self, I8042};
 use super::legacy::serial::{self, SerialPort};
 use super::memory::{self, MemoryError};
+use super::metrics::{MachineCounters, VmMetrics};
 use super::mptable::{self, MpTableError};
 use super::vcpu::{StopReason, StopSignal, Vcpu, VcpuError};
 use super::virtio::console::{Console, ConsoleError};
@@ -144,6 +145,14 @@ pub struct Machine {
     pub cmdline: String,
     /// Whether [`Machine::run`]'s threads jail themselves.
     pub jail: bool,
+    /// The VM's and its devices' counters, readable while it runs.
+    pub counters: MachineCounters,
+}
+
+/// A device's lock while the machine is built (no thread runs yet, so
+/// none can have poisoned it).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Builds the VM that `config` describes.
@@ -151,9 +160,12 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
     if config.vcpus == 0 {
         return Err(MachineError::NoVcpus);
     }
+    let created = std::time::Instant::now();
     let kvm = Kvm::new().map_err(MachineError::Kvm)?;
     let memory = memory::create(config.memory_mib)?;
     let mut vm = Vm::new(kvm, memory.guest, true)?;
+    // Timed from before /dev/kvm was opened (the vCPUs, made below, share it).
+    vm.metrics = Arc::new(VmMetrics::new(created));
     vm.pio
         .insert(
             Arc::new(Mutex::new(I8042::new(vm.stop.clone()))),
@@ -225,7 +237,15 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
     let vcpus = (0..config.vcpus)
         .map(|i| vm.create_vcpu(i, (i == 0).then_some(start)))
         .collect::<Result<Vec<_>, _>>()?;
+    let counters = MachineCounters {
+        vm: vm.metrics.clone(),
+        rng: lock(&rng).metrics.clone(),
+        console: console.as_ref().map(|c| lock(c).metrics.clone()),
+        fs: fs.as_ref().map(|f| lock(f).metrics.clone()),
+        nics: nics.iter().map(|n| lock(n).metrics.clone()).collect(),
+    };
     Ok(Machine {
+        counters,
         vm,
         memfd: memory.memfd,
         vcpus,

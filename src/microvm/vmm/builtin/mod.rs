@@ -23,6 +23,7 @@ pub mod layout;
 pub mod legacy;
 pub mod machine;
 pub mod memory;
+pub mod metrics;
 pub mod mptable;
 pub mod park;
 pub mod vcpu;

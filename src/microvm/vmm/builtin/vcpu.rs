@@ -81,14 +81,6 @@ pub enum VcpuError {
     Unexpected { index: u32, exit: String },
 }
 
-/// What a vCPU counts.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct VcpuCounters {
-    pub exits: u64,
-    pub pio: u64,
-    pub mmio: u64,
-}
-
 pub struct Vcpu {
     pub index: u32,
     pub fd: VcpuFd,
@@ -96,7 +88,8 @@ pub struct Vcpu {
     mmio: Arc<Bus>,
     stop: Arc<StopSignal>,
     park: Arc<super::park::Park>,
-    pub counters: VcpuCounters,
+    /// The VM's counters, which every vCPU adds to.
+    pub metrics: Arc<super::metrics::VmMetrics>,
 }
 
 impl Vcpu {
@@ -107,6 +100,7 @@ impl Vcpu {
         mmio: Arc<Bus>,
         stop: Arc<StopSignal>,
         park: Arc<super::park::Park>,
+        metrics: Arc<super::metrics::VmMetrics>,
     ) -> Vcpu {
         Vcpu {
             index,
@@ -115,7 +109,7 @@ impl Vcpu {
             mmio,
             stop,
             park,
-            counters: VcpuCounters::default(),
+            metrics,
         }
     }
 
@@ -132,28 +126,29 @@ impl Vcpu {
             if let Some(why) = self.stop.requested() {
                 return Ok(why);
             }
+            self.metrics.entering_guest();
             let exit = match self.fd.run() {
                 Ok(exit) => exit,
                 // A signal kicked the vCPU out: look at the stop signal.
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
                 Err(source) => return Err(VcpuError::Run { index, source }),
             };
-            self.counters.exits += 1;
+            self.metrics.count_exit();
             match exit {
                 VcpuExit::IoIn(port, data) => {
-                    self.counters.pio += 1;
+                    self.metrics.count_pio();
                     self.pio.read(u64::from(port), data);
                 }
                 VcpuExit::IoOut(port, data) => {
-                    self.counters.pio += 1;
+                    self.metrics.count_pio();
                     self.pio.write(u64::from(port), data);
                 }
                 VcpuExit::MmioRead(addr, data) => {
-                    self.counters.mmio += 1;
+                    self.metrics.count_mmio();
                     self.mmio.read(addr, data);
                 }
                 VcpuExit::MmioWrite(addr, data) => {
-                    self.counters.mmio += 1;
+                    self.metrics.count_mmio();
                     self.mmio.write(addr, data);
                 }
                 VcpuExit::Hlt => return Ok(StopReason::Halted),

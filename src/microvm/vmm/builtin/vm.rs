@@ -47,6 +47,8 @@ pub struct Vm {
     pub stop: Arc<StopSignal>,
     /// Where the vCPUs park while the VM is paused.
     pub park: Arc<super::park::Park>,
+    /// What the VM counts (its vCPUs' exits, its first instruction).
+    pub metrics: Arc<super::metrics::VmMetrics>,
     /// Kept alive for as long as KVM holds them as irqfds.
     interrupts: Vec<Arc<Interrupt>>,
     irqchip: bool,
@@ -57,6 +59,7 @@ impl Vm {
     /// (what a Linux guest needs; tests of bare guest programs go without,
     /// so that `hlt` exits).
     pub fn new(kvm: Kvm, memory: GuestMemoryMmap, irqchip: bool) -> Result<Vm, VmError> {
+        let metrics = Arc::new(super::metrics::VmMetrics::default());
         let fd = kvm.create_vm().map_err(kvm_error("create a VM"))?;
         fd.set_tss_address(layout::KVM_TSS as usize)
             .map_err(kvm_error("set the TSS address"))?;
@@ -97,6 +100,7 @@ impl Vm {
             mmio: Arc::new(Bus::new()),
             stop: Arc::new(StopSignal::default()),
             park: Arc::default(),
+            metrics,
             interrupts: Vec::new(),
             irqchip,
         })
@@ -171,6 +175,7 @@ impl Vm {
             self.mmio.clone(),
             self.stop.clone(),
             self.park.clone(),
+            self.metrics.clone(),
         ))
     }
 }
