@@ -98,8 +98,9 @@ test-builtin: kernel-testhost build
 test: deps lint unit-test kernel virtiofsd kernel-test test-builtin integration-test conformance
 
 # Part (e), pods through CRI, needs the shim: `build` makes it (the bench
-# profile shares the release directory).
-bench: deps build
+# profile shares the release directory). Part (f) boots the test host of
+# test-builtin, with QEMU and virtiofsd beside the builtin VMM.
+bench: deps build kernel virtiofsd kernel-testhost
 	$(CARGO) bench --locked -p agentvm --bench compare
 
 clean:

@@ -16,7 +16,11 @@
 //! (e) Kubernetes pods through containerd's CRI: pod start (RunPodSandbox +
 //!     one container) and teardown with runc's shim and agentvm's two
 //!     tiers, and the host memory of microvm-tier pods of 1 and 4
-//!     containers against 4 one-container pods.
+//!     containers against 4 one-container pods;
+//! (f) the builtin VMM beside QEMU, both on KVM, in one run inside the test
+//!     host of `make test-builtin` (nested KVM on TCG: correctness-grade):
+//!     VM creation to the first guest instruction, the boot to the agent,
+//!     `run true`, and the host memory of an idle VM beyond its guest pages.
 //!
 //! Rounds are interleaved: every round runs each runtime once, in an order
 //! that rotates from round to round, so machine noise hits all of them.
@@ -27,7 +31,8 @@
 //!     cargo bench --bench compare -- oci      # only (a); `docker`: only
 //!                                             # (b); `memory`: only (c);
 //!                                             # `network`: only (d);
-//!                                             # `pod`: only (e)
+//!                                             # `pod`: only (e);
+//!                                             # `testhost`: only (f)
 //!
 //! Environment: AGENTVM_BENCH_ROUNDS (a, default 50),
 //! AGENTVM_BENCH_DOCKER_ROUNDS (b, default 20),
@@ -39,6 +44,7 @@
 //! default 5), AGENTVM_BENCH_NET_ROUNDS (d: cold-start rounds, default 10),
 //! AGENTVM_BENCH_POD_ROUNDS (e, default 10), AGENTVM_BENCH_MICROVM_POD_ROUNDS
 //! (e: at most this many for the microvm tier, default 5),
+//! AGENTVM_BENCH_TESTHOST_ROUNDS (f: rounds per VMM, default 5),
 //! AGENTVM_BENCH_REPORT (also write the markdown report to this file, and
 //! beside it, with the extension `.svg`, a chart of parts (a) and (c)).
 
@@ -54,6 +60,7 @@ mod qemu_floor;
 mod reaper;
 mod runtimes;
 mod stats;
+mod testhost;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -78,6 +85,8 @@ struct Options {
     memory: bool,
     network: bool,
     pod: bool,
+    testhost: bool,
+    testhost_rounds: usize,
     oci_rounds: usize,
     docker_rounds: usize,
     microvm_rounds: usize,
@@ -105,10 +114,11 @@ impl Options {
         // cargo bench passes `--bench`; other flags are not ours either.
         for arg in std::env::args().skip(1).filter(|a| !a.starts_with('-')) {
             match arg.as_str() {
-                "oci" | "docker" | "memory" | "network" | "pod" => parts.push(arg),
+                "oci" | "docker" | "memory" | "network" | "pod" | "testhost" => parts.push(arg),
                 other => {
                     anyhow::bail!(
-                        "unknown part {other:?}: expected `oci`, `docker`, `memory`, `network` or `pod`"
+                        "unknown part {other:?}: expected `oci`, `docker`, `memory`, `network`, \
+                         `pod` or `testhost`"
                     )
                 }
             }
@@ -121,6 +131,8 @@ impl Options {
             memory: has("memory"),
             network: has("network"),
             pod: has("pod"),
+            testhost: has("testhost"),
+            testhost_rounds: env_count("AGENTVM_BENCH_TESTHOST_ROUNDS", 5)?.max(1),
             oci_rounds: env_count("AGENTVM_BENCH_ROUNDS", 50)?,
             docker_rounds: env_count("AGENTVM_BENCH_DOCKER_ROUNDS", 20)?,
             microvm_rounds: env_count("AGENTVM_BENCH_MICROVM_ROUNDS", 20)?,
@@ -648,6 +660,11 @@ fn kinds_table(name: &str, fps: &[memory::Footprint]) -> String {
 }
 
 fn run() -> anyhow::Result<bool> {
+    // Inside the test host (part (f)): measure there, print, and stop.
+    if std::env::args().nth(1).as_deref() == Some("testhost-inside") {
+        testhost::inside(env_count("AGENTVM_BENCH_TESTHOST_ROUNDS", 5)?.max(1), 1)?;
+        return Ok(true);
+    }
     let opts = Options::parse()?;
     machine::note_load();
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -745,6 +762,27 @@ fn run() -> anyhow::Result<bool> {
         let (section, ok) = pod::part(&opts);
         sections.push(section);
         all_ok &= ok;
+    }
+    if opts.testhost {
+        match testhost::part(opts.testhost_rounds) {
+            Ok((section, ok)) => {
+                sections.push(section);
+                all_ok &= ok;
+            }
+            Err(testhost::PartError::Skipped(why)) => {
+                println!("skipped: (f) the test host: {why}");
+                notes.push(format!("skipped: (f) the test host: {why}"));
+            }
+            Err(testhost::PartError::Failed(why)) => {
+                sections.push(format!(
+                    "## (f) The builtin VMM beside QEMU, inside the test host
+
+Failed: {why}
+"
+                ));
+                all_ok = false;
+            }
+        }
     }
     let report = render(&versions, &notes, &sections);
     println!("{report}");

@@ -40,6 +40,11 @@ pub struct Phases {
     /// A microVM's boot trace (the supervisor's parts of `create`, from
     /// its `microvm.json`); empty for other runtimes.
     pub boot: Vec<(String, Duration)>,
+    /// The VMM's own measure from the VM's creation to the guest's first
+    /// instruction (the builtin VMM keeps it); `None` elsewhere.
+    pub first_instruction: Option<Duration>,
+    /// That span step by step, as the VMM counted it.
+    pub first_instruction_steps: Vec<(String, Duration)>,
     /// CPU time (user + system) of every process of the round: the runtime
     /// commands, their helpers and the container's init.
     pub cpu: Duration,
@@ -248,7 +253,7 @@ fn timed_round(
     )?;
     let init = PidFd::open(read_pid(pid_file)?)?;
     let t1 = Instant::now();
-    let boot = boot_trace(root, id);
+    let (boot, first_instruction, first_instruction_steps) = boot_trace(root, id);
     invoke(rt, root, &["start".as_ref(), id_os], log)?;
     let t2 = Instant::now();
     if init.wait_exit(EXIT_TIMEOUT)?.is_none() {
@@ -276,18 +281,29 @@ fn timed_round(
         total: t4 - t0,
         cpu,
         boot,
+        first_instruction,
+        first_instruction_steps,
     })
 }
 
-/// The boot trace an agentvm microVM keeps in its state directory, if
+/// The boot trace an agentvm microVM keeps in its state directory, and
+/// its VMM's time to the first guest instruction (in all, and by step), if
 /// this container is one.
-fn boot_trace(root: &Path, id: &str) -> Vec<(String, Duration)> {
-    match agentvm::microvm::vmstate::VmState::load(&root.join(id)) {
-        Ok(state) => state
-            .boot
-            .into_iter()
+fn boot_trace(root: &Path, id: &str) -> (Parts, Option<Duration>, Parts) {
+    let parts = |v: Vec<agentvm::microvm::supervisor::trace::BootPart>| -> Parts {
+        v.into_iter()
             .map(|p| (p.part, Duration::from_micros(p.us)))
-            .collect(),
-        Err(_) => Vec::new(),
+            .collect()
+    };
+    match agentvm::microvm::vmstate::VmState::load(&root.join(id)) {
+        Ok(state) => (
+            parts(state.boot),
+            state.first_instruction_us.map(Duration::from_micros),
+            parts(state.first_instruction_steps),
+        ),
+        Err(_) => (Vec::new(), None, Vec::new()),
     }
 }
+
+/// Named spans, in order.
+type Parts = Vec<(String, Duration)>;

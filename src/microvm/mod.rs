@@ -257,6 +257,7 @@ fn start_supervisor(
         egress: opts.egress.to_string(),
         boot: Vec::new(),
         first_instruction_us: None,
+        first_instruction_steps: Vec::new(),
         pod_sandbox: pod.map(|p| p.id.clone()),
     };
     let state = match pod {

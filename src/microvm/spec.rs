@@ -71,10 +71,38 @@ impl GuestPlan {
 
 /// The part of a container's limits that its VM's host cgroup carries: CPU
 /// and pids. Memory is the guest's RAM, not a host limit on the VMM, which
-/// needs headroom beyond it.
+/// needs headroom beyond it; the device rules apply inside the guest.
 pub fn host_limits(full: &oci_spec::runtime::LinuxResources) -> oci_spec::runtime::LinuxResources {
+    let unified = matches!(
+        libcgroups::common::get_cgroup_setup(),
+        Ok(libcgroups::common::CgroupSetup::Unified)
+    );
+    host_limits_on(full, unified)
+}
+
+/// [`host_limits`] for a host whose cgroups are `unified` (v2) or not.
+///
+/// On cgroup v2 libcgroups puts a device filter (eBPF, deny by default)
+/// on every cgroup it applies resources to, whatever the devices asked:
+/// the VMM would lose `/dev/kvm` and the tap and vhost devices (`open`
+/// fails with EPERM). So the VM's cgroup gets one rule that allows every
+/// device; its ancestors' filters still apply. On v1 nothing is written,
+/// and the cgroup keeps its parent's rules.
+pub fn host_limits_on(
+    full: &oci_spec::runtime::LinuxResources,
+    unified: bool,
+) -> oci_spec::runtime::LinuxResources {
     let mut r = oci_spec::runtime::LinuxResources::default();
-    r.set_devices(None);
+    let devices = unified.then(|| {
+        let mut all = oci_spec::runtime::LinuxDeviceCgroup::default();
+        all.set_allow(true);
+        all.set_typ(Some(oci_spec::runtime::LinuxDeviceType::A));
+        all.set_major(None);
+        all.set_minor(None);
+        all.set_access(Some("rwm".to_string()));
+        vec![all]
+    });
+    r.set_devices(devices);
     r.set_cpu(full.cpu().clone());
     r.set_pids(*full.pids());
     r
@@ -377,6 +405,30 @@ fn count_cpuset(s: &str) -> Result<u32, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_vm_s_host_cgroup_allows_every_device_on_cgroup_v2() {
+        let mut full = oci_spec::runtime::LinuxResources::default();
+        let mut deny = oci_spec::runtime::LinuxDeviceCgroup::default();
+        deny.set_allow(false);
+        deny.set_access(Some("rwm".into()));
+        full.set_devices(Some(vec![deny]));
+        let mut pids = oci_spec::runtime::LinuxPids::default();
+        pids.set_limit(10);
+        full.set_pids(Some(pids));
+        let v2 = host_limits_on(&full, true);
+        let rules = v2.devices().as_ref().expect("one rule on v2");
+        assert_eq!(rules.len(), 1);
+        let r = &rules[0];
+        assert!(r.allow());
+        assert_eq!(r.typ(), Some(oci_spec::runtime::LinuxDeviceType::A));
+        assert_eq!((r.major(), r.minor()), (None, None));
+        assert_eq!(r.access().as_deref(), Some("rwm"));
+        assert_eq!(v2.pids().map(|p| p.limit()), Some(10));
+        let v1 = host_limits_on(&full, false);
+        assert!(v1.devices().is_none());
+        assert!(v1.memory().is_none());
+    }
+
     use super::*;
 
     fn spec() -> Spec {

@@ -73,6 +73,9 @@ pub struct VmState {
     /// the VM's creation to the guest's first instruction, microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_instruction_us: Option<u64>,
+    /// That span step by step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub first_instruction_steps: Vec<super::supervisor::trace::BootPart>,
     /// A further container of a Kubernetes pod, running in the VM of this
     /// sandbox container (same `--root`); `supervisor_pid` is then its
     /// relay's (`src/microvm/pod.rs`), and it has no host cgroup.

@@ -6,6 +6,8 @@
 # cannot boot a Linux guest; the test host's can (docs/testing.md).
 #
 # Usage: tests/testhost/run.sh TEST_BINARY AGENTVM MICROVM_TESTS NETWORK_TESTS
+#        tests/testhost/run.sh --bench BENCH AGENTVM   (part (f) of make bench:
+#        see bench_main)
 #   TEST_BINARY is agentvm's static unit-test executable
 #   (`cargo test --release -p agentvm --lib --no-run`), AGENTVM the static
 #   agentvm binary of the same build, MICROVM_TESTS and NETWORK_TESTS the
@@ -125,10 +127,29 @@ host_tsc_khz() {
     awk -v m="$mhz" 'BEGIN { printf "%d\n", m * 1000 + 0.5 }'
 }
 
-# The test host's /init.
-write_init() {
-    cat >"$1" <<EOF
+# The start of every /init of the test host: file systems, cgroups,
+# loopback, and the 'booted' line. With `switch`, /init first moves the
+# whole root to a tmpfs and starts again there: the initramfs's own root
+# cannot be pivoted away from (pivot_root fails with EINVAL on it), and
+# QEMU's jail pivots.
+init_head() {
+    cat <<EOF
 #!/bin/busybox sh
+EOF
+    if [[ ${1:-} == switch ]]; then
+        cat <<EOF
+if [ ! -e /.switched ]; then
+    /bin/busybox mkdir -p /newroot
+    /bin/busybox mount -t tmpfs -o mode=0755 tmpfs /newroot
+    for d in /*; do
+        [ "\$d" = /newroot ] || /bin/busybox cp -a "\$d" /newroot/
+    done
+    /bin/busybox touch /newroot/.switched
+    exec /bin/busybox switch_root /newroot /init
+fi
+EOF
+    fi
+    cat <<EOF
 /bin/busybox --install -s /bin
 export PATH=/usr/local/sbin:/bin
 mkdir -p /proc /sys /dev /tmp
@@ -153,6 +174,14 @@ for c in \$(cat /sys/fs/cgroup/cgroup.controllers); do
 done
 ip link set lo up
 echo "$MARK: booted \$(cut -d' ' -f1 /proc/uptime)"
+EOF
+}
+
+# The test host's /init.
+write_init() {
+    {
+        init_head
+        cat <<EOF
 passed=0
 failed=0
 # step NAME COMMAND...: runs COMMAND with its output on the console as it
@@ -199,6 +228,24 @@ step network-under-builtin-vmm /bin/network-tests --test-threads=1 --show-output
 echo "$MARK: done passed=\$passed failed=\$failed"
 reboot -f
 EOF
+    } >"$1"
+    chmod 0755 "$1"
+}
+
+# The /init of `--bench`: part (f) of `make bench` (benches/compare/
+# testhost.rs) runs inside, with QEMU and virtiofsd beside the builtin VMM.
+write_bench_init() {
+    {
+        init_head switch
+        cat <<EOF
+export AGENTVM_KERNEL=/guest/vmlinux AGENTVM_TEST_BINARY=/bin/agentvm
+export PATH=/usr/local/sbin:/usr/bin:/bin
+export AGENTVM_BENCH_TESTHOST_ROUNDS=${AGENTVM_BENCH_TESTHOST_ROUNDS:-5}
+/bin/agentvm-bench testhost-inside
+echo "$MARK: done bench rc=\$?"
+reboot -f
+EOF
+    } >"$1"
     chmod 0755 "$1"
 }
 
@@ -257,43 +304,45 @@ boot_testhost() {
     fi
 }
 
-main() {
-    [[ $# == 4 ]] || { echo "usage: tests/testhost/run.sh TEST_BINARY AGENTVM MICROVM_TESTS NETWORK_TESTS" >&2; exit 2; }
-    local tests=$1 agentvm=$2 microvm_tests=$3 network_tests=$4 bin
-    require_tools
-    for bin in "$tests" "$agentvm" "$microvm_tests" "$network_tests"; do
+# static_binaries BIN...: each must exist and be static (the test host has
+# no libraries beside the few copy_program brings).
+static_binaries() {
+    local bin
+    for bin in "$@"; do
         [[ -x $bin ]] || { fail "binary $bin not found"; finish; }
         if readelf -l "$bin" 2>/dev/null | grep -q INTERP; then
             fail "binary $bin is dynamically linked (the test host has no libraries)"
             finish
         fi
     done
-    local khz
+}
+
+# The kernels, the TSC, the work directory with the root both modes share
+# (busybox, agentvm, ip, the rootfs script, the guest kernel), and the
+# QEMU command that boots the test host once /init and the initramfs are
+# there. Sets host_kernel, guest_kernel, tmp, qemu.
+prepare() {
+    local agentvm=$1 khz
     khz=$(host_tsc_khz) || skip "cannot tell the host TSC frequency (set AGENTVM_TSC_KHZ)"
-    local host_kernel=${TESTHOST_KERNEL:-} guest_kernel=${AGENTVM_KERNEL:-}
+    host_kernel=${TESTHOST_KERNEL:-}
+    guest_kernel=${AGENTVM_KERNEL:-}
     [[ -n $host_kernel ]] || host_kernel=$("$repo/kernels/build.sh" --flavor testhost)
     [[ -n $guest_kernel ]] || guest_kernel=$("$repo/kernels/build.sh")
     [[ -f $host_kernel ]] || { fail "test host kernel $host_kernel not found"; finish; }
     [[ -f $guest_kernel ]] || { fail "guest kernel $guest_kernel not found"; finish; }
 
-    local tmp
     tmp=$(mktemp -d "${TMPDIR:-/tmp}/agentvm-testhost.XXXXXX")
     # shellcheck disable=SC2064 # expand now: the path is fixed
     trap "rm -rf -- '$tmp'" EXIT
     mkdir -p "$tmp/root/bin" "$tmp/root/guest" "$tmp/root/dev"
     cp /bin/busybox "$tmp/root/bin/busybox"
-    cp "$tests" "$tmp/root/bin/agentvm-tests"
     cp "$agentvm" "$tmp/root/bin/agentvm"
-    cp "$microvm_tests" "$tmp/root/bin/microvm-tests"
-    cp "$network_tests" "$tmp/root/bin/network-tests"
     copy_program /usr/sbin/ip "$tmp/root" /usr/local/sbin/ip
     # The tests make their rootfs with this script, found by its path in
     # the source tree: /init puts it there once /tmp and /run are mounted
     # (a checkout under /tmp would be hidden by the test host's tmpfs).
     cp "$repo/tests/images/busybox-rootfs.sh" "$tmp/root/busybox-rootfs.sh"
     cp "$guest_kernel" "$tmp/root/guest/vmlinux"
-    write_init "$tmp/root/init"
-    (cd "$tmp/root" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) >"$tmp/initramfs.cpio"
 
     # kvm_amd.vgif=0: TCG's emulation of SVM's virtual GIF loses or
     # misplaces events under load; with it, 1 boot in 4 of the nested Linux
@@ -301,8 +350,64 @@ main() {
     # test host itself (docs/testing.md, "The test host").
     local append="console=ttyS0 reboot=t panic=-1 no_timer_check tsc_early_khz=$khz tsc=reliable kvm_amd.vgif=0 ${TESTHOST_APPEND:-}"
     # shellcheck disable=SC2054 # the commas are QEMU's option syntax
-    local qemu=(qemu-system-x86_64 -M microvm,acpi=off -accel tcg -cpu max -m 2048 -smp 2
+    qemu=(qemu-system-x86_64 -M microvm,acpi=off -accel tcg -cpu max -m 2048 -smp 2
         -nographic -no-reboot -kernel "$host_kernel" -initrd "$tmp/initramfs.cpio" -append "$append")
+}
+
+pack_initramfs() {
+    (cd "$tmp/root" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) >"$tmp/initramfs.cpio"
+}
+
+# --bench BENCH AGENTVM: boots the test host once to run part (f) of
+# `make bench` (the benchmark binary as `testhost-inside`), with QEMU, its
+# firmware and virtiofsd beside the builtin VMM, so both VMMs run on the
+# test host's KVM. The console goes to stdout, the results line with it;
+# exit 0 when the run inside reported rc=0.
+bench_main() {
+    [[ $# == 2 ]] || { echo "usage: tests/testhost/run.sh --bench BENCH AGENTVM" >&2; exit 2; }
+    local bench=$1 agentvm=$2 host_kernel guest_kernel tmp qemu
+    require_tools
+    static_binaries "$bench" "$agentvm"
+    [[ -x /usr/local/libexec/agentvm/virtiofsd ]] || skip "virtiofsd not installed (make virtiofsd)"
+    prepare "$agentvm"
+    cp "$bench" "$tmp/root/bin/agentvm-bench"
+    copy_program "$(command -v qemu-system-x86_64)" "$tmp/root" /usr/bin/qemu-system-x86_64
+    copy_program /usr/local/libexec/agentvm/virtiofsd "$tmp/root" /usr/local/libexec/agentvm/virtiofsd
+    # QEMU's jail lists QEMU's libraries with ldd, a bash script.
+    copy_program /bin/bash "$tmp/root" /bin/bash
+    install -D -m 0755 /usr/bin/ldd "$tmp/root/usr/bin/ldd"
+    mkdir -p "$tmp/root/usr/share"
+    cp -rL /usr/share/qemu "$tmp/root/usr/share/qemu"
+    [[ ! -d /usr/share/seabios ]] || cp -rL /usr/share/seabios "$tmp/root/usr/share/seabios"
+    write_bench_init "$tmp/root/init"
+    pack_initramfs
+    log "bench: test host kernel $host_kernel, guest kernel $guest_kernel"
+    local rc=0
+    timeout --kill-after=5 "$timeout_s" "${qemu[@]}" </dev/null | tr -d '\r' | tee "$tmp/console.log" || rc=$?
+    if grep -q "^$MARK: done bench rc=0" "$tmp/console.log"; then
+        log "bench: done"
+        return 0
+    fi
+    log "bench: the run inside the test host failed (QEMU status $rc)"
+    return 1
+}
+
+main() {
+    if [[ ${1:-} == --bench ]]; then
+        shift
+        bench_main "$@"
+        return
+    fi
+    [[ $# == 4 ]] || { echo "usage: tests/testhost/run.sh TEST_BINARY AGENTVM MICROVM_TESTS NETWORK_TESTS" >&2; exit 2; }
+    local tests=$1 agentvm=$2 microvm_tests=$3 network_tests=$4 host_kernel guest_kernel tmp qemu
+    require_tools
+    static_binaries "$tests" "$agentvm" "$microvm_tests" "$network_tests"
+    prepare "$agentvm"
+    cp "$tests" "$tmp/root/bin/agentvm-tests"
+    cp "$microvm_tests" "$tmp/root/bin/microvm-tests"
+    cp "$network_tests" "$tmp/root/bin/network-tests"
+    write_init "$tmp/root/init"
+    pack_initramfs
     log "test host kernel $host_kernel, guest kernel $guest_kernel, tests $tests"
     local attempt attempts=${TESTHOST_ATTEMPTS:-2}
     for ((attempt = 1; attempt <= attempts; attempt++)); do

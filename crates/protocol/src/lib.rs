@@ -453,6 +453,9 @@ pub struct VmmCounters {
     /// `KVM_RUN` of vCPU 0, the guest's first instruction; `None` before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_instruction_us: Option<u64>,
+    /// That span step by step (name, microseconds), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub first_instruction_steps: Vec<(String, u64)>,
     /// Exits from `KVM_RUN` on every vCPU, and those that were port or
     /// MMIO accesses a device served.
     pub vcpu_exits: u64,

@@ -472,7 +472,14 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     trace.mark("finish");
     tracing::debug!("container {}: boot trace: {}", state.id, trace.summary());
     state.boot = trace.parts().to_vec();
-    state.first_instruction_us = vm.counters().and_then(|c| c.read().first_instruction_us);
+    if let Some(c) = vm.counters().map(|c| c.read()) {
+        state.first_instruction_us = c.first_instruction_us;
+        state.first_instruction_steps = c
+            .first_instruction_steps
+            .into_iter()
+            .map(|(part, us)| trace::BootPart { part, us })
+            .collect();
+    }
     state.save(dir)?;
     Ok(Booted {
         vm,

@@ -166,6 +166,7 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
     let mut vm = Vm::new(kvm, memory.guest, true)?;
     // Timed from before /dev/kvm was opened (the vCPUs, made below, share it).
     vm.metrics = Arc::new(VmMetrics::new(created));
+    vm.metrics.step("KVM VM and guest memory");
     vm.pio
         .insert(
             Arc::new(Mutex::new(I8042::new(vm.stop.clone()))),
@@ -226,6 +227,7 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
         cmdline.push_str(&entry);
         nics.push(net);
     }
+    vm.metrics.step("devices");
     let initramfs = config.initramfs.as_deref();
     let start = boot::load(
         &vm.memory,
@@ -234,9 +236,11 @@ pub fn build(config: &VmConfig, options: Options) -> Result<Machine, MachineErro
         &boot::cmdline(&cmdline)?,
     )?;
     mptable::write(&vm.memory, config.vcpus)?;
+    vm.metrics.step("kernel loaded");
     let vcpus = (0..config.vcpus)
         .map(|i| vm.create_vcpu(i, (i == 0).then_some(start)))
         .collect::<Result<Vec<_>, _>>()?;
+    vm.metrics.step("vCPUs");
     let counters = MachineCounters {
         vm: vm.metrics.clone(),
         rng: lock(&rng).metrics.clone(),
@@ -321,6 +325,7 @@ impl Machine {
                 }
             }
         }
+        vm.metrics.step("device threads");
         let mut threads: Vec<VcpuThread> = Vec::new();
         for mut vcpu in vcpus {
             let stop = vm.stop.clone();

@@ -5,7 +5,7 @@
 //! the counts grow, never set them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::virtio::console::ConsoleMetrics;
@@ -21,6 +21,9 @@ pub struct VmMetrics {
     created: Instant,
     /// When a vCPU first entered `KVM_RUN`.
     first_run: OnceLock<Instant>,
+    /// The steps from the creation to the first `KVM_RUN`, and when the
+    /// last one ended.
+    steps: Mutex<(Vec<(&'static str, Duration)>, Instant)>,
     exits: AtomicU64,
     pio: AtomicU64,
     mmio: AtomicU64,
@@ -38,6 +41,7 @@ impl VmMetrics {
         VmMetrics {
             created,
             first_run: OnceLock::new(),
+            steps: Mutex::new((Vec::new(), created)),
             exits: AtomicU64::new(0),
             pio: AtomicU64::new(0),
             mmio: AtomicU64::new(0),
@@ -47,7 +51,29 @@ impl VmMetrics {
     /// A vCPU is about to enter `KVM_RUN`: the first time, the guest's
     /// first instruction follows.
     pub fn entering_guest(&self) {
-        self.first_run.get_or_init(Instant::now);
+        self.first_run.get_or_init(|| {
+            self.step("vCPU thread to KVM_RUN");
+            Instant::now()
+        });
+    }
+
+    /// Ends a step of the VM's start, named `name`, now (before the first
+    /// `KVM_RUN`; later steps are not kept).
+    pub fn step(&self, name: &'static str) {
+        if self.first_run.get().is_some() {
+            return;
+        }
+        let now = Instant::now();
+        if let Ok(mut s) = self.steps.lock() {
+            let since = now.saturating_duration_since(s.1);
+            s.0.push((name, since));
+            s.1 = now;
+        }
+    }
+
+    /// The steps of the VM's start, in order.
+    pub fn steps(&self) -> Vec<(&'static str, Duration)> {
+        self.steps.lock().map(|s| s.0.clone()).unwrap_or_default()
     }
 
     /// From the VM's creation to its first `KVM_RUN`; `None` before it.
@@ -128,6 +154,12 @@ impl MachineCounters {
             .collect();
         VmmCounters {
             first_instruction_us: self.vm.first_instruction().map(micros),
+            first_instruction_steps: self
+                .vm
+                .steps()
+                .into_iter()
+                .map(|(n, d)| (n.to_string(), micros(d)))
+                .collect(),
             vcpu_exits: self.vm.exits(),
             pio_exits: self.vm.pio(),
             mmio_exits: self.vm.mmio(),
@@ -148,9 +180,16 @@ mod tests {
         let m = VmMetrics::new(created);
         assert_eq!(m.first_instruction(), None);
         std::thread::sleep(Duration::from_millis(5));
+        m.step("a");
         m.entering_guest();
         let first = m.first_instruction().expect("timed");
         assert!(first >= Duration::from_millis(5), "{first:?}");
+        let steps = m.steps();
+        let names: Vec<&str> = steps.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["a", "vCPU thread to KVM_RUN"]);
+        assert!(steps.iter().map(|(_, d)| *d).sum::<Duration>() <= first);
+        m.step("after");
+        assert_eq!(m.steps().len(), 2, "steps after the first run are not kept");
         std::thread::sleep(Duration::from_millis(5));
         m.entering_guest();
         assert_eq!(m.first_instruction(), Some(first));
