@@ -443,7 +443,8 @@ fn pause_stops_the_guest_and_resume_lets_it_go_on() {
     let id = "mv-pause";
     write_script(
         &f,
-        "i=0; while :; do i=$((i+1)); echo $i > /out/tick.new; mv /out/tick.new /out/tick; sleep 0.1; done",
+        "trap 'echo term > /out/term' TERM; \
+         i=0; while :; do i=$((i+1)); echo $i > /out/tick.new; mv /out/tick.new /out/tick; sleep 0.1; done",
     );
     f.create(id).ok();
     f.agentvm(&["start", id]).ok();
@@ -466,11 +467,20 @@ fn pause_stops_the_guest_and_resume_lets_it_go_on() {
     assert_eq!(tick(), frozen, "the guest ran while paused");
     // A paused container cannot be paused again, nor deleted.
     assert_one_clear_error(&f, &f.agentvm(&["pause", id]), "paused");
+    // A signal to a paused container is taken, and stays pending until
+    // resume, as for a frozen process under runc.
+    f.agentvm(&["kill", id, "TERM"]).ok();
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!out_dir(&f).join("term").exists(), "handled while paused");
     f.agentvm(&["resume", id]).ok();
     assert_eq!(f.state(id)["status"], "running");
     assert!(
         wait_for(30, || (tick() > frozen + 2).then_some(())).is_some(),
         "the guest did not go on after resume"
+    );
+    assert!(
+        wait_for(30, || out_dir(&f).join("term").exists().then_some(())).is_some(),
+        "the TERM sent while paused never arrived"
     );
     kill_and_delete(&f, id);
 }

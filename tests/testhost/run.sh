@@ -381,14 +381,26 @@ bench_main() {
     [[ ! -d /usr/share/seabios ]] || cp -rL /usr/share/seabios "$tmp/root/usr/share/seabios"
     write_bench_init "$tmp/root/init"
     pack_initramfs
-    log "bench: test host kernel $host_kernel, guest kernel $guest_kernel"
-    local rc=0
-    timeout --kill-after=5 "$timeout_s" "${qemu[@]}" </dev/null | tr -d '\r' | tee "$tmp/console.log" || rc=$?
+    log "bench: test host kernel $host_kernel, guest kernel $guest_kernel" >&2
+    # The console goes to stderr as it comes (a hang shows how far the run
+    # got), the results line to stdout too.
+    local rc line
+    set +e
+    timeout --kill-after=5 "$timeout_s" "${qemu[@]}" </dev/null 2>"$tmp/qemu.err" |
+        while IFS= read -r line; do
+            line=${line%$'\r'}
+            printf '%s\n' "$line" >>"$tmp/console.log"
+            printf '  | %s\n' "$line" >&2
+            [[ $line != agentvm-bench-testhost:* ]] || printf '%s\n' "$line"
+        done
+    rc=${PIPESTATUS[0]}
+    set -e
+    [[ ! -s $tmp/qemu.err ]] || { log "QEMU's stderr:" >&2; sed 's/^/  ! /' "$tmp/qemu.err" >&2; }
     if grep -q "^$MARK: done bench rc=0" "$tmp/console.log"; then
-        log "bench: done"
+        log "bench: done" >&2
         return 0
     fi
-    log "bench: the run inside the test host failed (QEMU status $rc)"
+    log "bench: the run inside the test host failed (QEMU status $rc; 124: killed after ${timeout_s}s)"
     return 1
 }
 

@@ -404,8 +404,16 @@ fn wait_for_end(
 }
 
 /// A signal the supervisor received goes to the container's init in the
-/// guest, as runc's init would have received it.
+/// guest, as runc's init would have received it. While the VMM has the
+/// guest paused the signal waits, as a signal to a frozen process stays
+/// pending, and is delivered once the guest runs again (`kill -9` never
+/// waits: it ends the supervisor itself).
 fn forward_signal(shared: &Shared, sig: i32) {
+    if let Some(p) = &shared.pauser {
+        while p.paused() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     let msg = HostMessage::Signal {
         id: INIT_STREAM,
         signal: sig,
@@ -1009,6 +1017,14 @@ mod tests {
         counters: Option<Arc<dyn crate::microvm::vmm::Counters>>,
         nic_names: Vec<String>,
     ) -> Fixture {
+        fixture_full(counters, nic_names, None)
+    }
+
+    fn fixture_full(
+        counters: Option<Arc<dyn crate::microvm::vmm::Counters>>,
+        nic_names: Vec<String>,
+        pauser: Option<Arc<dyn crate::microvm::vmm::Pauser>>,
+    ) -> Fixture {
         let (host, guest) = UnixStream::pair().unwrap();
         let (tx, events) = mpsc::channel();
         let stdout = Sink::default();
@@ -1025,7 +1041,7 @@ mod tests {
             answering: Default::default(),
             guest_ram: Mutex::new(None),
             members: Default::default(),
-            pauser: None,
+            pauser,
             counters,
             nic_names,
         });
@@ -1262,6 +1278,52 @@ mod tests {
         f.send(&GuestMessage::Exit { id: 42, status: 0 });
         let why = f.gone().expect("the guest must be given up");
         assert!(why.contains("never started"), "{why}");
+    }
+
+    /// A VMM's pause, as a flag.
+    #[derive(Default)]
+    struct Flag(std::sync::atomic::AtomicBool);
+    impl crate::microvm::vmm::Pauser for Flag {
+        fn pause(&self) -> Result<(), String> {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+        fn resume(&self) {
+            self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+        fn paused(&self) -> bool {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    /// A signal that reaches the supervisor while the VMM has the guest
+    /// paused is held, not dropped, and goes to the guest on resume.
+    #[test]
+    fn a_signal_while_paused_is_delivered_on_resume() {
+        use crate::microvm::vmm::Pauser;
+        let flag = Arc::new(Flag::default());
+        flag.pause().unwrap();
+        let mut f = fixture_full(None, Vec::new(), Some(flag.clone()));
+        let shared = f.shared.clone();
+        let sender = std::thread::spawn(move || forward_signal(&shared, libc::SIGTERM));
+        f.guest
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        let early = std::io::Read::read(&mut f.guest, &mut byte);
+        assert!(early.is_err(), "a request reached the paused guest");
+        f.guest.set_read_timeout(None).unwrap();
+        flag.resume();
+        assert_eq!(
+            f.next_request(),
+            HostMessage::Signal {
+                id: INIT_STREAM,
+                signal: libc::SIGTERM,
+                all: false
+            }
+        );
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        sender.join().unwrap();
     }
 
     /// A VMM that counts: one NIC, which the guest calls `net1`.
