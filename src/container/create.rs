@@ -40,6 +40,11 @@ pub fn create(
     bundle: &Bundle,
     mut opts: CreateOptions,
 ) -> Result<Container, ContainerError> {
+    // Where the time goes, at debug level (in a microVM's guest:
+    // `AGENTVM_GUEST_LOG=agentvm=debug` in the supervisor's environment).
+    let started = std::time::Instant::now();
+    let step =
+        |what: &str| tracing::debug!(id, "create: {what} at {} us", started.elapsed().as_micros());
     // Before libcontainer starts anything: it ignores SELinux labels, and
     // its init changes to the cwd before it waits for `start`.
     lsm::check_spec(&bundle.spec, lsm::selinux_enabled())?;
@@ -77,6 +82,7 @@ pub fn create(
         cgroups::refuse_frozen(&path)?;
         cgroups::warn_if_populated(&path);
     }
+    step("checks done");
     let result = {
         let _helpers = MapHelpers::install(&bundle.spec, &ctx.root)?;
         let overlay = if spec == bundle.spec {
@@ -97,7 +103,9 @@ pub fn create(
             }
         };
         let through = overlay.as_ref().map(|o| o.bundle());
+        step("overlay done");
         let built = build(ctx, id, bundle, through, opts);
+        step("libcontainer done");
         drop(overlay);
         built.map_err(|e| match hooks::take_message(&hook_errors) {
             Some(msg) => ContainerError::Hook(msg),
@@ -110,6 +118,7 @@ pub fn create(
                 discard(ctx, id, &container);
                 return Err(e);
             }
+            step("fix-ups done");
             if let Some((policy, audit)) = &egress {
                 if let Err(e) = enforce(&container, bundle, policy, audit) {
                     discard(ctx, id, &container);
@@ -123,6 +132,20 @@ pub fn create(
             if let Err(e) = record.save(&ctx.root, id) {
                 discard(ctx, id, &container);
                 return Err(e.into());
+            }
+            step("saved");
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                let faults = |who| {
+                    nix::sys::resource::getrusage(who)
+                        .map(|u| (u.major_page_faults(), u.minor_page_faults()))
+                        .unwrap_or_default()
+                };
+                tracing::debug!(
+                    id,
+                    "create: page faults (major, minor): this process {:?}, its children {:?}",
+                    faults(nix::sys::resource::UsageWho::RUSAGE_SELF),
+                    faults(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+                );
             }
             Ok(container)
         }

@@ -59,6 +59,7 @@ pub fn setup() -> Result<Booted, BootError> {
     let mut warnings = Vec::new();
     let mut phases = Phases::default();
     switch_root()?;
+    phases.mark("root");
     mount_api_filesystems()?;
     if let Err(e) = console::open() {
         warnings.push(format!("cannot open /dev/console: {e}"));
@@ -68,13 +69,15 @@ pub fn setup() -> Result<Booted, BootError> {
     if let Err(e) = enable_cgroup_controllers() {
         warnings.push(e);
     }
+    phases.mark("cgroups");
     if let Err(e) = loopback_up() {
         warnings.push(format!("cannot bring up lo: {e}"));
     }
+    phases.mark("lo");
     if let Err(e) = super::trim::report_small_blocks() {
         warnings.push(e.to_string());
     }
-    phases.mark("cgroups+lo");
+    phases.mark("reporting");
     let share_error = mount_share().err();
     phases.mark("virtio-fs");
     let port = find_port()?;

@@ -79,6 +79,19 @@ pub fn kernel_cmdline(accel: Accel) -> String {
     cmdline
 }
 
+/// `AGENTVM_GUEST_LOG=FILTER` for the guest's kernel command line (the
+/// kernel hands it to `/init` as an environment variable: the guest
+/// agent's console log filter, `guest::console::LOG_ENV`) when the
+/// supervisor was started with it set, for tracing a guest's boot and
+/// `create`; nothing for a value that is empty or holds characters a
+/// `tracing` filter does not need (a space would split the command line).
+pub fn guest_log_param(value: Option<&str>) -> Option<String> {
+    let value = value?;
+    let ok = |c: char| c.is_ascii_alphanumeric() || "_=,:.-".contains(c);
+    (!value.is_empty() && value.len() <= 200 && value.chars().all(ok))
+        .then(|| format!("AGENTVM_GUEST_LOG={value}"))
+}
+
 /// Where a container's guest boots from: the virtio-fs share is its root
 /// filesystem and the agent in it its init. No initramfs is loaded,
 /// unpacked and kept in guest RAM: the kernel pages in the parts of the
@@ -235,6 +248,17 @@ fn check_guest_agent(path: &Path) -> Result<(), HostError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_plain_filter_reaches_the_guest_command_line() {
+        assert_eq!(
+            guest_log_param(Some("debug,libcontainer=info")).as_deref(),
+            Some("AGENTVM_GUEST_LOG=debug,libcontainer=info")
+        );
+        for bad in [None, Some(""), Some("debug init=/bin/sh"), Some("a\nb")] {
+            assert_eq!(guest_log_param(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn guest_agent_must_be_a_regular_file() {

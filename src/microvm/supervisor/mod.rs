@@ -335,11 +335,16 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
 
     let listener = super::sock::bind(dir, CONTROL_SOCKET)
         .map_err(io_error("cannot listen on the control socket"))?;
-    let cmdline = format!(
+    let mut cmdline = format!(
         "{} {}",
         super::host::kernel_cmdline(host.accel),
         super::host::share_root()
     );
+    let guest_log = std::env::var("AGENTVM_GUEST_LOG").ok();
+    if let Some(param) = super::host::guest_log_param(guest_log.as_deref()) {
+        cmdline.push(' ');
+        cmdline.push_str(&param);
+    }
     let config = VmConfig {
         name: state.id.clone(),
         kernel: host.kernel.clone(),
