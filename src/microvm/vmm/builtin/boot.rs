@@ -83,7 +83,6 @@ pub fn load(
         path: name.clone(),
         source,
     })?;
-    prefault(mem, &file);
     let loaded = Elf::load(
         mem,
         None,
@@ -108,80 +107,6 @@ pub fn load(
         pvh_entry,
         start_info: GuestAddress(layout::START_INFO),
     })
-}
-
-/// The guest-physical ranges of an ELF64 file's `PT_LOAD` segments
-/// (`p_paddr`, `p_memsz`), read from its program headers; none from a file
-/// that is not such an ELF (the loader then says what is wrong with it).
-pub fn load_ranges(file: &File) -> Vec<(u64, u64)> {
-    use std::os::unix::fs::FileExt;
-    const PT_LOAD: u32 = 1;
-    let mut ehdr = [0u8; 64];
-    if file.read_exact_at(&mut ehdr, 0).is_err() || &ehdr[..4] != b"\x7fELF" || ehdr[4] != 2 {
-        return Vec::new();
-    }
-    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
-    let u64_at = |b: &[u8], at: usize| {
-        let mut v = [0u8; 8];
-        v.copy_from_slice(&b[at..at + 8]);
-        u64::from_le_bytes(v)
-    };
-    let phoff = u64_at(&ehdr, 32);
-    let (entsize, count) = (u64::from(u16_at(&ehdr, 54)), u16_at(&ehdr, 56));
-    if entsize < 56 {
-        return Vec::new();
-    }
-    let mut ranges = Vec::new();
-    let mut phdr = [0u8; 56];
-    for i in 0..u64::from(count) {
-        let Some(at) = i.checked_mul(entsize).and_then(|o| o.checked_add(phoff)) else {
-            break;
-        };
-        if file.read_exact_at(&mut phdr, at).is_err() {
-            break;
-        }
-        if u32::from_le_bytes([phdr[0], phdr[1], phdr[2], phdr[3]]) == PT_LOAD {
-            ranges.push((u64_at(&phdr, 24), u64_at(&phdr, 40)));
-        }
-    }
-    ranges
-}
-
-/// Makes the guest pages the kernel's segments will fill resident before
-/// the loader copies them in: one `MADV_POPULATE_WRITE` per segment rather
-/// than a page fault per 4 KiB page while copying (the guest touches every
-/// one of them as it boots, its bss included, so nothing is populated that
-/// would otherwise stay untouched). Best effort: a range outside guest
-/// memory, or a kernel without `MADV_POPULATE_WRITE` (before 5.14), leaves
-/// the pages to fault in as before.
-fn prefault(mem: &GuestMemoryMmap, file: &File) {
-    const PAGE: u64 = 4096;
-    for (start, len) in load_ranges(file) {
-        let Some(end) = start.checked_add(len) else {
-            continue;
-        };
-        let first = start & !(PAGE - 1);
-        let Some(last) = end.checked_add(PAGE - 1).map(|e| e & !(PAGE - 1)) else {
-            continue;
-        };
-        let Ok(size) = usize::try_from(last - first) else {
-            continue;
-        };
-        let Ok(slice) = mem.get_slice(GuestAddress(first), size) else {
-            continue;
-        };
-        // SAFETY: `slice` is `size` bytes of guest memory that `mem` maps
-        // and keeps mapped for this call; MADV_POPULATE_WRITE only faults
-        // those pages in (writable, contents unchanged: zero in a fresh
-        // memfd), and its failure changes nothing.
-        unsafe {
-            libc::madvise(
-                slice.ptr_guard_mut().as_ptr().cast(),
-                size,
-                libc::MADV_POPULATE_WRITE,
-            );
-        }
-    }
 }
 
 /// Puts the initramfs at the top of the low RAM, page-aligned, above the
@@ -268,78 +193,4 @@ fn write_start_info(mem: &GuestMemoryMmap, module: Option<(u64, u64)>) -> Result
     params.set_sections(&memmap, GuestAddress(layout::MEMMAP));
     PvhBootConfigurator::write_bootparams::<GuestMemoryMmap>(&params, mem)
         .map_err(BootError::StartInfo)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Write;
-
-    /// An ELF64 header and `segments` program headers (type, paddr,
-    /// memsz), nothing else.
-    fn elf(segments: &[(u32, u64, u64)]) -> File {
-        let mut f = vec![0u8; 64];
-        f[0..4].copy_from_slice(b"\x7fELF");
-        f[4] = 2;
-        f[5] = 1;
-        f[32..40].copy_from_slice(&64u64.to_le_bytes());
-        f[54..56].copy_from_slice(&56u16.to_le_bytes());
-        f[56..58].copy_from_slice(&(segments.len() as u16).to_le_bytes());
-        for (kind, paddr, memsz) in segments {
-            let mut p = [0u8; 56];
-            p[0..4].copy_from_slice(&kind.to_le_bytes());
-            p[24..32].copy_from_slice(&paddr.to_le_bytes());
-            p[40..48].copy_from_slice(&memsz.to_le_bytes());
-            f.extend_from_slice(&p);
-        }
-        let mut file = tempfile::tempfile().unwrap();
-        file.write_all(&f).unwrap();
-        file
-    }
-
-    #[test]
-    fn load_ranges_are_the_pt_load_segments() {
-        let f = elf(&[(1, 16 << 20, 0x1234), (4, 0, 20), (1, 20 << 20, 4096)]);
-        assert_eq!(load_ranges(&f), [(16 << 20, 0x1234), (20 << 20, 4096)]);
-    }
-
-    #[test]
-    fn what_is_not_an_elf64_has_no_load_ranges() {
-        let mut junk = tempfile::tempfile().unwrap();
-        junk.write_all(b"MZ not an elf at all, but long enough to be read as a header....")
-            .unwrap();
-        assert!(load_ranges(&junk).is_empty());
-        // Program headers past the end of the file: none read.
-        let mut short = vec![0u8; 64];
-        short[0..4].copy_from_slice(b"\x7fELF");
-        short[4] = 2;
-        short[32..40].copy_from_slice(&u64::MAX.to_le_bytes());
-        short[54..56].copy_from_slice(&56u16.to_le_bytes());
-        short[56..58].copy_from_slice(&3u16.to_le_bytes());
-        let mut f = tempfile::tempfile().unwrap();
-        f.write_all(&short).unwrap();
-        assert!(load_ranges(&f).is_empty());
-    }
-
-    fn resident_pages(mem: &GuestMemoryMmap, start: u64, len: usize) -> usize {
-        let slice = mem.get_slice(GuestAddress(start), len).unwrap();
-        let mut vec = vec![0u8; len.div_ceil(4096)];
-        // SAFETY: the range is mapped guest memory, page-aligned; `vec`
-        // has one byte per page of it.
-        let rc =
-            unsafe { libc::mincore(slice.ptr_guard_mut().as_ptr().cast(), len, vec.as_mut_ptr()) };
-        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-        vec.iter().filter(|b| **b & 1 == 1).count()
-    }
-
-    #[test]
-    fn the_kernel_s_segments_are_made_resident_before_the_copy_and_nothing_else() {
-        let mem = super::super::memory::create(64).unwrap().guest;
-        let (at, len) = (16u64 << 20, 1usize << 20);
-        assert_eq!(resident_pages(&mem, at, len), 0);
-        // A segment that ends mid-page, and one outside guest memory.
-        prefault(&mem, &elf(&[(1, at, len as u64 - 100), (1, 1 << 40, 4096)]));
-        assert_eq!(resident_pages(&mem, at, len), len / 4096);
-        assert_eq!(resident_pages(&mem, at + len as u64, len), 0);
-    }
 }
