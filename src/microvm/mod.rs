@@ -432,10 +432,16 @@ pub fn start(ctx: &Context, id: &str) -> Result<()> {
         s.status = Status::Running;
         s.save(&ctx.container_dir(id))?;
     }
+    // A failing poststart hook fails `start` with runc's message, and the
+    // workload is killed, as runc 1.1 terminates it (the container tier's
+    // libcontainer fails `start` the same way).
     match s.spec() {
         Ok(spec) => {
             if let Err(e) = supervisor::run_hooks_public(&spec, &s, &["poststart"]) {
-                tracing::warn!("container {id}: {e}");
+                if let Err(k) = kill(ctx, id, libc::SIGKILL, false) {
+                    tracing::warn!("container {id}: after a failing poststart hook: {k}");
+                }
+                return Err(refused(e));
             }
         }
         Err(e) => tracing::warn!("container {id}: cannot run poststart hooks: {e}"),

@@ -204,6 +204,21 @@ pub fn plan_in(
         "" => name.to_string(),
         dir => format!("{dir}/{name}"),
     };
+    // A seccomp notify fd is the guest kernel's: no listener on the host
+    // can receive or use it.
+    if let Some(path) = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.seccomp().as_ref())
+        .and_then(|s| s.listener_path().as_ref())
+    {
+        return Err(SpecError::field(
+            "linux.seccomp.listenerPath",
+            &path.display().to_string(),
+            "seccomp notify is not supported by the microvm tier: the notify fd belongs to the \
+             guest kernel and cannot be handed to a listener on the host",
+        ));
+    }
     let mut spec = spec.clone();
     let mut warnings = Vec::new();
     let root_ro = spec
@@ -458,6 +473,24 @@ mod tests {
             Path::new("/b/rootfs"),
             &Config::default(),
         )
+    }
+
+    #[test]
+    fn a_seccomp_notify_listener_is_refused_by_name() {
+        let mut v = serde_json::to_value(spec()).unwrap();
+        v["linux"]["seccomp"] = serde_json::json!({
+            "defaultAction": "SCMP_ACT_ALLOW",
+            "listenerPath": "/run/listener.sock",
+            "syscalls": [{"names": ["getcwd"], "action": "SCMP_ACT_NOTIFY"}]
+        });
+        let with: Spec = serde_json::from_value(v).unwrap();
+        let e = plan_of(&with).unwrap_err().to_string();
+        assert!(
+            e.starts_with("linux.seccomp.listenerPath: \"/run/listener.sock\""),
+            "{e}"
+        );
+        assert!(e.contains("not supported by the microvm tier"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
     }
 
     #[test]
