@@ -38,6 +38,12 @@ pub enum BenchError {
     Cri(String),
     #[error("container {id}: not running {secs} s after `start`")]
     NotRunning { id: String, secs: u64 },
+    /// A microVM round that failed, with what its VM showed then.
+    #[error("{source}\n{detail}")]
+    Diagnosed {
+        source: Box<BenchError>,
+        detail: String,
+    },
 }
 
 impl BenchError {

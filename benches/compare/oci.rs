@@ -212,7 +212,16 @@ pub fn round(ws: &Workspace, rt: &Runtime, id: &str) -> Result<Phases, BenchErro
     let log_path = ws.dir.join(format!("{}.log", rt.docker_name));
     let log = File::create(&log_path).map_err(io_err("cannot create", &log_path))?;
     let log = (log, log_path);
-    let result = timed_round(ws, rt, &root, id, &pid_file, &log);
+    let result =
+        timed_round(ws, rt, &root, id, &pid_file, &log).map_err(|e| {
+            match microvm_diagnosis(&root, id) {
+                Some(detail) => BenchError::Diagnosed {
+                    source: Box::new(e),
+                    detail,
+                },
+                None => e,
+            }
+        });
     if result.is_err() {
         let _ = rt
             .command(&root)
@@ -303,6 +312,54 @@ fn boot_trace(root: &Path, id: &str) -> (Parts, Option<Duration>, Parts) {
         ),
         Err(_) => (Vec::new(), None, Vec::new()),
     }
+}
+
+/// What a failed microVM round's VM shows before it is deleted: each
+/// thread of its supervisor (the builtin VMM's vCPUs and devices among
+/// them) with its state, the kernel function it sleeps in and its system
+/// call, and the end of the guest's console. `None` for other runtimes.
+fn microvm_diagnosis(root: &Path, id: &str) -> Option<String> {
+    let dir = root.join(id);
+    let state = agentvm::microvm::vmstate::VmState::load(&dir).ok()?;
+    let mut out = String::new();
+    if let Some(pid) = state.supervisor_pid {
+        out.push_str(&format!("supervisor {pid}, its threads:\n"));
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten();
+        for task in tasks.flatten() {
+            let t = task.path();
+            let read = |f: &str| {
+                std::fs::read_to_string(t.join(f))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string()
+            };
+            let status = read("status");
+            let state = status
+                .lines()
+                .find_map(|l| l.strip_prefix("State:"))
+                .unwrap_or("?")
+                .trim()
+                .to_string();
+            out.push_str(&format!(
+                "  {} {}: {state}, wchan {}, syscall {}\n",
+                task.file_name().to_string_lossy(),
+                read("comm"),
+                read("wchan"),
+                read("syscall")
+            ));
+        }
+    }
+    let console =
+        std::fs::read(dir.join(agentvm::microvm::vmstate::CONSOLE_LOG)).unwrap_or_default();
+    let tail = &console[console.len().saturating_sub(1500)..];
+    out.push_str(&format!(
+        "guest console, last {} bytes:\n{}",
+        tail.len(),
+        String::from_utf8_lossy(tail)
+    ));
+    Some(out)
 }
 
 /// Named spans, in order.
