@@ -275,15 +275,23 @@ fn interleave<E: Entry, T>(
 /// The first failure of each runtime that had any, for the report.
 fn failure_notes<T>(series: &[Series<T>]) -> String {
     let mut out = String::new();
-    for s in series.iter().filter(|s| !s.failures.is_empty()) {
-        out.push_str(&format!(
-            "\n{} failed {} round(s); the first:\n\n```\n{}\n```\n",
-            s.name,
-            s.failures.len(),
-            s.failures[0].trim()
-        ));
+    for s in series {
+        out.push_str(&failure_note(s.name, &s.failures));
     }
     out
+}
+
+/// "NAME failed N round(s); the first: ..." for the report; empty when
+/// `failures` is.
+pub fn failure_note(name: &str, failures: &[String]) -> String {
+    match failures.first() {
+        Some(first) => format!(
+            "\n{name} failed {} round(s); the first:\n\n```\n{}\n```\n",
+            failures.len(),
+            first.trim()
+        ),
+        None => String::new(),
+    }
 }
 
 /// The microvm tier against the raw boot under it, from part (a)'s rows.

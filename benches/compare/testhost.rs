@@ -421,14 +421,10 @@ pub fn render(inside: &Inside) -> String {
                 e.vmm
             ));
         }
-        if !e.failures.is_empty() {
-            out.push_str(&format!(
-                "\nvmm = {} failed {} round(s); the first:\n\n```\n{}\n```\n",
-                e.vmm,
-                e.failures.len(),
-                e.failures[0].trim()
-            ));
-        }
+        out.push_str(&crate::failure_note(
+            &format!("vmm = {}", e.vmm),
+            &e.failures,
+        ));
     }
     out
 }
