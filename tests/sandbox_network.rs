@@ -294,8 +294,8 @@ fn ipv6_is_routed_to_the_guest_and_given_back() {
 /// IPv6 under a policy, in both tiers, is judged as IPv4 is: an allowed
 /// address and port is reached through the proxy (from the container's own
 /// address), a name through its AAAA answer, whichever IPv6 server the
-/// workload asks; another port, ICMPv6 out, a denied name and a moved
-/// source address are refused and audited; and the namespace is as it was
+/// workload asks; another port, ICMPv6 out, a denied name, a moved source
+/// address and a link-local source are refused (and audited); and the namespace is as it was
 /// afterwards.
 #[test]
 fn ipv6_under_a_policy_is_judged_as_ipv4_is() {
@@ -325,8 +325,12 @@ fn ipv6_under_a_policy_is_judged_as_ipv4_is() {
               ping6 -c 1 -W 2 -I eth0 PEER_LL >/dev/null 2>&1 && echo 'link-local ok' || echo 'link-local refused'; \
               nslookup -type=aaaa allowed6.test PEER6 >/dev/null 2>&1 && echo 'lookup6 ok' || echo 'lookup6 refused'; \
               nslookup -type=aaaa denied6.test PEER6 >/dev/null 2>&1 && echo 'denied-lookup6 ok' || echo 'denied-lookup6 refused'; \
-              ip -6 addr add fd00:231::99/64 dev eth0; sleep 2; ip -6 addr del GUEST6/64 dev eth0; \
-              t moved6 'http://[PEER6]:8000/'"
+              ip -6 addr add fd00:231::99/64 dev eth0; \
+              for i in $(seq 50); do ip -6 addr show dev eth0 | grep -q tentative || break; sleep 0.2; done; \
+              ip -6 addr del GUEST6/64 dev eth0; \
+              t moved6 'http://[PEER6]:8000/'; \
+              ip -6 addr del fd00:231::99/64 dev eth0; \
+              t link-local-source 'http://[PEER6]:8000/'"
                 .replace("PEER6", PEER6)
                 .replace("GUEST6", GUEST6)
                 .replace("PEER_LL", &peer_link_local(&ns)),
@@ -361,6 +365,8 @@ fn ipv6_under_a_policy_is_judged_as_ipv4_is() {
             ("lookup6", "ok"),
             ("denied-lookup6", "refused"),
             ("moved6", "refused"),
+            // Left with its link-local address only, it sends from that.
+            ("link-local-source", "refused"),
         ] {
             assert_eq!(said(&out, what), want, "{what}: {out}");
         }

@@ -538,6 +538,15 @@ fn anti_spoof(sources: &[Source]) -> String {
             s.side,
             v6.join(", ")
         );
+        // A link-local or no source is for the link alone: anything else
+        // from one (but ICMPv6, whose neighbour probes may go to the
+        // router's global address) would reach the proxy or resolver, which
+        // the namespace delivers locally, from an address that is not the
+        // sandbox's (a workload that dropped its global address).
+        rules += &format!(
+            "    iifname \"{}\" meta nfproto ipv6 ip6 saddr {{ fe80::/10, :: }} ip6 daddr != {{ fe80::/10, ff00::/8 }} meta l4proto != ipv6-icmp jump spoofed\n",
+            s.side
+        );
     }
     format!(
         "  chain spoof {{\n\
@@ -960,6 +969,12 @@ mod tests {
         assert!(
             deny.contains(
                 "iifname \"avtap0\" meta nfproto ipv6 ip6 saddr != { fd00::2, fe80::/10, :: } jump spoofed"
+            ),
+            "{deny}"
+        );
+        assert!(
+            deny.contains(
+                "iifname \"avtap0\" meta nfproto ipv6 ip6 saddr { fe80::/10, :: } ip6 daddr != { fe80::/10, ff00::/8 } meta l4proto != ipv6-icmp jump spoofed"
             ),
             "{deny}"
         );
