@@ -133,7 +133,13 @@ impl Fixture {
             if let Some(st) = child.try_wait().expect("wait") {
                 break st;
             }
-            assert!(Instant::now() < deadline, "`{command}` hung");
+            if Instant::now() >= deadline {
+                // What it waits on, read before the kill ends it.
+                let report = self.hang_report(child.id());
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("`{command}` hung\n{report}");
+            }
             std::thread::sleep(Duration::from_millis(5));
         };
         Output {
@@ -144,6 +150,54 @@ impl Fixture {
             stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
             stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
         }
+    }
+
+    /// What a hung command and everything it started were doing: each
+    /// process's and thread's state, wait channel and system call, its
+    /// stderr so far, the end of the log and of every guest console in the
+    /// state root. A hang that CI meets once is found from this.
+    fn hang_report(&self, pid: u32) -> String {
+        let mut out = String::from("processes below the command:\n");
+        for p in super::cmd::descendants(pid) {
+            out.push_str(&super::cmd::threads_of(p));
+        }
+        let tail = |path: &std::path::Path, n: usize| {
+            let bytes = std::fs::read(path).unwrap_or_default();
+            String::from_utf8_lossy(&bytes[bytes.len().saturating_sub(n)..]).into_owned()
+        };
+        out.push_str(&format!(
+            "log, last 3000 bytes:\n{}\n",
+            tail(&self.log(), 3000)
+        ));
+        for entry in std::fs::read_dir(self.root())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            // A supervisor has left the command's tree (it daemonizes).
+            let state = std::fs::read(entry.path().join("microvm.json")).unwrap_or_default();
+            let supervisor = serde_json::from_slice::<serde_json::Value>(&state)
+                .ok()
+                .and_then(|v| v["supervisor_pid"].as_u64());
+            if let Some(sup) = supervisor {
+                out.push_str(&format!(
+                    "supervisor of {} and what it started:\n",
+                    entry.file_name().to_string_lossy()
+                ));
+                for p in super::cmd::descendants(sup as u32) {
+                    out.push_str(&super::cmd::threads_of(p));
+                }
+            }
+            let console = entry.path().join("console.log");
+            if console.exists() {
+                out.push_str(&format!(
+                    "console of {}, last 2000 bytes:\n{}\n",
+                    entry.file_name().to_string_lossy(),
+                    tail(&console, 2000)
+                ));
+            }
+        }
+        out
     }
 
     pub fn create(&self, id: &str) -> Output {

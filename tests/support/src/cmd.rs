@@ -150,3 +150,76 @@ pub fn try_run_with(
 pub fn run(cmd: &mut Command) -> Output {
     run_with(cmd, None, DEFAULT_TIMEOUT)
 }
+
+/// `pid` and every process below it, parents first (from `/proc`'s ppid
+/// links; a process that has reparented away is missed).
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // The fields after the comm, which may itself hold spaces and ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parent_of.push((p, ppid));
+        }
+    }
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            parent_of
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    found
+}
+
+/// One line per thread of `pid`: its name, state, wait channel and system
+/// call, as `/proc` shows them.
+pub fn threads_of(pid: u32) -> String {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default();
+    let mut out = format!("  {pid}: {}\n", cmdline.trim());
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten();
+    for task in tasks.flatten() {
+        let t = task.path();
+        let read = |f: &str| {
+            std::fs::read_to_string(t.join(f))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        let status = read("status");
+        let state = status
+            .lines()
+            .find_map(|l| l.strip_prefix("State:"))
+            .unwrap_or("?")
+            .trim()
+            .to_string();
+        out.push_str(&format!(
+            "    {} {}: {state}, wchan {}, syscall {}\n",
+            task.file_name().to_string_lossy(),
+            read("comm"),
+            read("wchan"),
+            read("syscall")
+        ));
+    }
+    out
+}
