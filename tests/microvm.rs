@@ -435,6 +435,67 @@ fn start_sleeper(f: &Fixture, id: &str) {
     wait_for_file(f, "up");
 }
 
+/// `exec --cgroup` puts the process in a sub-cgroup of the container's,
+/// in the guest (where the container's cgroups are), with runc's refusals
+/// of a path that leaves the container's cgroup, a controller the guest's
+/// cgroup v2 has no hierarchy of, and a sub-cgroup that does not exist.
+#[test]
+fn exec_cgroup_joins_a_sub_cgroup_in_the_guest() {
+    let f = require!(microvm());
+    let id = "mv-subcg";
+    // The workload makes its sub-cgroup: its cgroup mount is writable.
+    let script = "mkdir /sys/fs/cgroup/sub && echo up > /out/up; exec sleep 1000";
+    let out = out_dir(&f);
+    f.write_config(&["sh", "-c", script], |c| {
+        c["mounts"].as_array_mut().expect("mounts").extend([
+            serde_json::json!({
+                "destination": "/out", "type": "bind",
+                "source": out, "options": ["rbind", "rw"]
+            }),
+            serde_json::json!({
+                "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+                "options": ["nosuid", "noexec", "nodev", "relatime", "rw"]
+            }),
+        ]);
+    });
+    f.create(id).ok();
+    f.agentvm(&["start", id]).ok();
+    wait_for_file(&f, "up");
+
+    let own = f.agentvm(&["exec", id, "cat", "/proc/self/cgroup"]).ok();
+    assert_eq!(own.stdout, "0::/\n", "{own}");
+    for sub in ["sub", "/sub"] {
+        let out = f
+            .agentvm(&["exec", "--cgroup", sub, id, "cat", "/proc/self/cgroup"])
+            .ok();
+        assert_eq!(out.stdout, "0::/sub\n", "--cgroup {sub}: {out}");
+    }
+    let procs = f
+        .agentvm(&["exec", id, "cat", "/sys/fs/cgroup/sub/cgroup.procs"])
+        .ok();
+    assert_eq!(procs.stdout, "", "an exec's process outlived it: {procs}");
+
+    for (arg, says) in [
+        ("../../escape", "not a sub cgroup path"),
+        ("pids:sub", "unknown controller pids"),
+        ("nosuch", "nosuch"),
+    ] {
+        let out = f.agentvm(&["exec", "--cgroup", arg, id, "true"]);
+        assert_ne!(out.code, 0, "--cgroup {arg}: {out}");
+        assert!(out.stderr.contains(says), "--cgroup {arg}: {out}");
+        assert_eq!(
+            out.stderr.trim().lines().count(),
+            1,
+            "--cgroup {arg}: {out}"
+        );
+    }
+    // Refused on the host, as runc refuses it, before the guest is asked.
+    let out = f.agentvm(&["exec", "--cgroup", "a", "--cgroup", "b", id, "true"]);
+    assert_ne!(out.code, 0, "{out}");
+    assert!(out.stderr.contains("invalid --cgroup argument"), "{out}");
+    kill_and_delete(&f, id);
+}
+
 /// `pause` stops the guest (a loop in it counts no further) and `resume`
 /// lets it go on; the state says so in between, as runc's does.
 #[test]

@@ -66,7 +66,11 @@ impl Agent {
             HostMessage::Create { spec } => self.create(*spec),
             HostMessage::Start => self.start(CONTAINER_ID),
             HostMessage::RunHooks { hooks, state } => self.run_hooks(CONTAINER_ID, hooks, state),
-            HostMessage::Exec { id, process } => self.exec(CONTAINER_ID, id, *process),
+            HostMessage::Exec {
+                id,
+                process,
+                cgroup,
+            } => self.exec(CONTAINER_ID, id, *process, cgroup),
             HostMessage::Signal { id, signal, all } => self.signal(id, signal, all),
             HostMessage::Resize { id, rows, cols } => self.resize(id, rows, cols),
             HostMessage::Ps => self.ps(CONTAINER_ID),
@@ -154,7 +158,11 @@ impl Agent {
         match request {
             MemberRequest::Start => self.start(&guest_id),
             MemberRequest::RunHooks { hooks, state } => self.run_hooks(&guest_id, hooks, state),
-            MemberRequest::Exec { stream, process } => self.exec(&guest_id, stream, *process),
+            MemberRequest::Exec {
+                stream,
+                process,
+                cgroup,
+            } => self.exec(&guest_id, stream, *process, cgroup),
             MemberRequest::Ps => self.ps(&guest_id),
             MemberRequest::Stats => self.stats(&guest_id),
             MemberRequest::Update { resources } => self.update(&guest_id, *resources),
@@ -251,7 +259,13 @@ impl Agent {
         Ok(Reply::Ok)
     }
 
-    fn exec(&mut self, guest_id: &str, id: u32, process: Process) -> Result<Reply, RequestError> {
+    fn exec(
+        &mut self,
+        guest_id: &str,
+        id: u32,
+        process: Process,
+        cgroup: Vec<String>,
+    ) -> Result<Reply, RequestError> {
         if id == INIT_STREAM {
             return Err(RequestError::Refused(
                 "exec stream ids start at 1 (0 is the container's init)".into(),
@@ -271,7 +285,8 @@ impl Agent {
         let text = serde_json::to_vec(&process)
             .map_err(|e| RequestError::Refused(format!("cannot encode the process: {e}")))?;
         std::fs::write(&path, text).map_err(io(format!("cannot write {}", path.display())))?;
-        let result = self.exec_process(guest_id, id, &path, process.terminal().unwrap_or(false));
+        let terminal = process.terminal().unwrap_or(false);
+        let result = self.exec_process(guest_id, id, &path, terminal, cgroup);
         let _ = std::fs::remove_file(&path);
         result
     }
@@ -282,10 +297,12 @@ impl Agent {
         id: u32,
         path: &Path,
         terminal: bool,
+        sub_cgroup: Vec<String>,
     ) -> Result<Reply, RequestError> {
         let mut opts = ExecOptions {
             process: Some(path.to_path_buf()),
             detach: true,
+            sub_cgroup,
             ..Default::default()
         };
         let (pid, stdio) = if terminal {

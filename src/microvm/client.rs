@@ -24,6 +24,9 @@ pub enum SupervisorRequest {
     Stats,
     Exec {
         process: Box<oci_spec::runtime::Process>,
+        /// `exec --cgroup` values, applied in the guest.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        cgroup: Vec<String>,
     },
     /// New cgroup limits for the container in the guest.
     Update {

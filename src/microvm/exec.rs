@@ -33,6 +33,8 @@ pub struct ExecRequest<'a> {
     pub pid_file: Option<&'a Path>,
     pub detach: bool,
     pub ignore_paused: bool,
+    /// `exec --cgroup`: sub-cgroups of the container's cgroup in the guest.
+    pub cgroup: &'a [String],
 }
 
 /// Where the relay reads input and writes output.
@@ -110,6 +112,7 @@ fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result
         &state,
         SupervisorRequest::Exec {
             process: Box::new(req.process.clone()),
+            cgroup: req.cgroup.to_vec(),
         },
     );
     let (conn, reply) = client::request(&dir, &target, &request, Duration::from_secs(60))?;

@@ -163,13 +163,10 @@ impl tier::Tier for Tier {
                 ": host descriptors cannot cross into the guest",
             ));
         }
-        if !req.cgroup.is_empty() {
-            return Err(TierError::unsupported(
-                "exec --cgroup",
-                Isolation::Microvm,
-                "",
-            ));
-        }
+        // Refused here with runc's words rather than after a trip to the
+        // guest (which parses them again: its cgroups are where they apply).
+        crate::container::cgroups::parse_sub_cgroups(req.cgroup)
+            .map_err(super::MicrovmError::from)?;
         let status = super::exec::exec(
             ctx,
             req.id,
@@ -179,6 +176,7 @@ impl tier::Tier for Tier {
                 pid_file: req.pid_file,
                 detach: req.detach,
                 ignore_paused: req.ignore_paused,
+                cgroup: req.cgroup,
             },
         )?;
         Ok(status)

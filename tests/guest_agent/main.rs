@@ -118,6 +118,7 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
     let reply = vm.request(&HostMessage::Exec {
         id: 1,
         process: typed(process),
+        cgroup: Vec::new(),
     });
     created_pid(&vm, reply);
     assert_eq!(vm.wait_exit(1), 7);
@@ -129,6 +130,7 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
     let reply = vm.request(&HostMessage::Exec {
         id: 2,
         process: typed(process),
+        cgroup: Vec::new(),
     });
     created_pid(&vm, reply);
     assert_eq!(vm.wait_exit(2), 0);
@@ -137,6 +139,7 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
     let reply = vm.request(&HostMessage::Exec {
         id: 3,
         process: typed(exec_process(&["cat"])),
+        cgroup: Vec::new(),
     });
     created_pid(&vm, reply);
     vm.stdin(3, b"ping\n");
@@ -149,6 +152,7 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
     let reply = vm.request(&HostMessage::Exec {
         id: 4,
         process: typed(process),
+        cgroup: Vec::new(),
     });
     created_pid(&vm, reply);
     let reply = vm.request(&HostMessage::Resize {
@@ -173,6 +177,7 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
             "-c",
             "yes 0123456789abcdef | head -c 3000000",
         ])),
+        cgroup: Vec::new(),
     });
     created_pid(&vm, reply);
     assert_eq!(vm.wait_exit(6), 0);
@@ -184,6 +189,7 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
     let reply = vm.request(&HostMessage::Exec {
         id: 7,
         process: typed(exec_process(&["sh", "-c", "sleep 1000 & echo bg-started"])),
+        cgroup: Vec::new(),
     });
     created_pid(&vm, reply);
     assert_eq!(vm.wait_exit(7), 0);
@@ -192,6 +198,7 @@ fn exec_signal_and_exit_codes_while_the_init_runs() {
     let reply = vm.request(&HostMessage::Exec {
         id: 5,
         process: typed(exec_process(&["sleep", "1000"])),
+        cgroup: Vec::new(),
     });
     let sleep_pid = created_pid(&vm, reply);
     match vm.request(&HostMessage::Ps) {
@@ -262,11 +269,13 @@ fn bad_requests_are_errors_and_garbage_ends_the_vm_cleanly() {
     let reply = vm.request(&HostMessage::Exec {
         id: 0,
         process: typed(exec_process(&["true"])),
+        cgroup: Vec::new(),
     });
     assert!(matches!(reply, Reply::Error { .. }), "{reply:?}");
     let reply = vm.request(&HostMessage::Exec {
         id: 1,
         process: typed(exec_process(&[])),
+        cgroup: Vec::new(),
     });
     assert!(matches!(reply, Reply::Error { .. }), "{reply:?}");
     let reply = vm.request(&HostMessage::Signal {
@@ -349,6 +358,7 @@ fn terminal_init_signal_all_and_shutdown_with_live_processes() {
     let reply = vm.request(&HostMessage::Exec {
         id: 1,
         process: typed(exec_process(&["sleep", "1000"])),
+        cgroup: Vec::new(),
     });
     created_pid(&vm, reply);
     let reply = vm.request(&HostMessage::Signal {

@@ -252,9 +252,16 @@ pub enum HostMessage {
     /// startContainer hooks, sent just before `Start`. Reply: `Ok`, or
     /// `Error` naming the hook that failed.
     RunHooks { hooks: Vec<Hook>, state: OciState },
-    /// Run a process in the container as stream `id` (> 0).
+    /// Run a process in the container as stream `id` (> 0), in the
+    /// sub-cgroups `cgroup` names (`exec --cgroup` values as runc reads
+    /// them; empty: the container's own cgroup).
     /// Reply: `Started { pid }`.
-    Exec { id: u32, process: Box<Process> },
+    Exec {
+        id: u32,
+        process: Box<Process>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        cgroup: Vec<String>,
+    },
     /// Send `signal` to the process of stream `id`, or to every process of
     /// the container with `all`. Reply: `Ok`.
     Signal { id: u32, signal: i32, all: bool },
@@ -307,9 +314,15 @@ pub enum MemberRequest {
     Start,
     /// Its startContainer hooks, as [`HostMessage::RunHooks`]. Reply: `Ok`.
     RunHooks { hooks: Vec<Hook>, state: OciState },
-    /// Run a process in it as stream `stream` (> 0, unused).
+    /// Run a process in it as stream `stream` (> 0, unused), in the
+    /// sub-cgroups `cgroup` names (as [`HostMessage::Exec`]).
     /// Reply: `Started { pid }`.
-    Exec { stream: u32, process: Box<Process> },
+    Exec {
+        stream: u32,
+        process: Box<Process>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        cgroup: Vec<String>,
+    },
     /// Its processes. Reply: `Pids`.
     Ps,
     /// Its cgroup's use (and the guest's memory). Reply: `Stats`.
@@ -624,6 +637,7 @@ mod tests {
             request: MemberRequest::Exec {
                 stream: 4,
                 process: Box::default(),
+                cgroup: vec!["pids:sub".into()],
             },
         };
         let back: HostMessage = Frame::control(&m).parse_control().unwrap();

@@ -604,8 +604,8 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
         _ => Some(Answering::begin(&shared)),
     };
     let reply = match req {
-        SupervisorRequest::Exec { process } => {
-            return exec(shared, conn, process, None);
+        SupervisorRequest::Exec { process, cgroup } => {
+            return exec(shared, conn, process, cgroup, None);
         }
         SupervisorRequest::CreateMember { id, spec, join } => {
             return create_member(shared, conn, id, spec, join);
@@ -613,8 +613,8 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
         SupervisorRequest::Member { id, request } => match member_stream(&shared, &id) {
             Err(message) => Ok(Reply::Error { message }),
             Ok(stream) => match *request {
-                SupervisorRequest::Exec { process } => {
-                    return exec(shared, conn, process, Some(stream));
+                SupervisorRequest::Exec { process, cgroup } => {
+                    return exec(shared, conn, process, cgroup, Some(stream));
                 }
                 request => answer_member(&shared, &id, stream, &request),
             },
@@ -884,7 +884,13 @@ fn start_container_hooks(dir: &std::path::Path) -> Result<Option<HostMessage>, S
 
 /// Starts an exec'd process and turns the connection into its stream: in
 /// the sandbox container, or in the member whose init is stream `member`.
-fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Box<Process>, member: Option<u32>) {
+fn exec(
+    shared: Arc<Shared>,
+    mut conn: UnixStream,
+    process: Box<Process>,
+    cgroup: Vec<String>,
+    member: Option<u32>,
+) {
     let reserved = conn
         .try_clone()
         .map_err(|e| e.to_string())
@@ -897,12 +903,17 @@ fn exec(shared: Arc<Shared>, mut conn: UnixStream, process: Box<Process>, member
         }
     };
     let msg = match member {
-        None => HostMessage::Exec { id, process },
+        None => HostMessage::Exec {
+            id,
+            process,
+            cgroup,
+        },
         Some(m) => HostMessage::Member {
             id: m,
             request: MemberRequest::Exec {
                 stream: id,
                 process,
+                cgroup,
             },
         },
     };

@@ -95,13 +95,16 @@ pub fn network(spec: &Spec) -> Result<(), StageError> {
     Ok(())
 }
 
-/// The VM's host cgroup when the spec names none: under our own tree, or
-/// a scope in system.slice with `--systemd-cgroup` (runc's default shape).
+/// The VM's host cgroup when the spec names none, where runc would put the
+/// container: `id` below the caller's own cgroup (the container tier's
+/// [`default_path`](crate::container::cgroups::default_path); the
+/// supervisor is still in the cgroup it inherited from `create` when it
+/// asks), or a scope in system.slice with `--systemd-cgroup`.
 pub fn default_cgroup_path(id: &str, systemd: bool) -> PathBuf {
     if systemd {
         PathBuf::from(format!("system.slice:agentvm:{id}"))
     } else {
-        PathBuf::from(format!("/agentvm/{id}"))
+        crate::container::cgroups::default_path(id)
     }
 }
 
