@@ -59,7 +59,8 @@ pub fn create(
         source,
     })?;
     // What libcontainer is handed instead of the bundle's config: hooks
-    // that fail in runc's words, and runc's cgroup without cgroupsPath.
+    // that fail in runc's words, runc's ENOSYS for system calls newer than
+    // the seccomp profile, and runc's cgroup without cgroupsPath.
     let hook_errors = hooks::message_file(&ctx.root, id);
     let _ = std::fs::remove_file(&hook_errors);
     let mut spec = bundle.spec.clone();
@@ -67,6 +68,13 @@ pub fn create(
         ContainerError::Libcontainer(format!("cannot find this program's path: {e}"))
     })?;
     hooks::wrap(&mut spec, &exe, &hook_errors);
+    if let Some(seccomp) = spec
+        .linux_mut()
+        .as_mut()
+        .and_then(|l| l.seccomp_mut().as_mut())
+    {
+        super::enosys::add_rule(seccomp);
+    }
     if !ctx.systemd_cgroup {
         let given = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone());
         let path = match given {

@@ -231,8 +231,13 @@ fn read_process(path: &std::path::Path) -> Result<Process, ContainerError> {
     serde_json::from_slice(&text).map_err(|e| err(e.to_string()))
 }
 
-/// The seccomp profile the container was created with.
+/// The seccomp profile the container was created with, with runc's ENOSYS
+/// rule ([`super::enosys`]).
 fn container_seccomp(config: &std::path::Path) -> Result<Option<LinuxSeccomp>, ContainerError> {
     let spec = Spec::load(config).map_err(lc_error)?;
-    Ok(spec.linux().as_ref().and_then(|l| l.seccomp().clone()))
+    let mut seccomp = spec.linux().as_ref().and_then(|l| l.seccomp().clone());
+    if let Some(s) = seccomp.as_mut() {
+        super::enosys::add_rule(s);
+    }
+    Ok(seccomp)
 }

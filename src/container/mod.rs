@@ -30,6 +30,7 @@ pub mod create;
 pub mod cwd;
 pub mod delete;
 pub mod egress;
+pub mod enosys;
 pub mod exec;
 pub mod fixup;
 pub mod foreground;

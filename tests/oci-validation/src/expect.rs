@@ -65,6 +65,9 @@ pub enum Probe {
     /// add_key(NULL, NULL, NULL, 0, 0): refused by the kernel (EFAULT)
     /// unless a seccomp filter answers first; it changes nothing.
     AddKey,
+    /// faccessat2(AT_FDCWD, "/", F_OK, 0), a system call of Linux 5.8
+    /// (number 439 on x86-64): succeeds unless a filter answers.
+    Faccessat2,
 }
 
 /// The checks the checker knows how to run.

@@ -116,6 +116,20 @@ fn do_probe(probe: &Probe) -> Result<(), i32> {
             };
             nix::errno::Errno::result(rc).map(drop)
         }
+        Probe::Faccessat2 => {
+            // SAFETY: the path is a NUL-terminated literal that outlives
+            // the call; faccessat2 only reads it.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_faccessat2,
+                    libc::AT_FDCWD,
+                    c"/".as_ptr(),
+                    libc::F_OK,
+                    0i32,
+                )
+            };
+            nix::errno::Errno::result(rc).map(drop)
+        }
     };
     r.map_err(|e| e as i32)
 }
