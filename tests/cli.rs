@@ -304,3 +304,71 @@ fn spec_writes_a_runnable_config_like_runc() {
     let out = f.agentvm(&["spec", "--bundle", dir.to_str().expect("utf-8")]);
     assert_one_clear_error(&f, &out, "exists");
 }
+
+/// With a user namespace, a bind mount whose source its root cannot reach
+/// (a directory on the way is the host root's, mode 0700) is refused at
+/// create with one line naming the mount and the directory, and nothing is
+/// left; a reachable source mounts and is read as usual.
+#[test]
+fn a_bind_source_the_user_namespace_cannot_reach_is_named() {
+    if skip_unless_root() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let with_userns = |source: &std::path::Path| {
+        let source = source.to_str().expect("utf-8").to_string();
+        move |c: &mut serde_json::Value| {
+            c["linux"]["namespaces"]
+                .as_array_mut()
+                .expect("namespaces")
+                .push(serde_json::json!({"type": "user"}));
+            let map = serde_json::json!([{"containerID": 0, "hostID": 100000, "size": 65536}]);
+            c["linux"]["uidMappings"] = map.clone();
+            c["linux"]["gidMappings"] = map;
+            c["mounts"]
+                .as_array_mut()
+                .expect("mounts")
+                .push(serde_json::json!({
+                    "destination": "/home", "type": "bind", "source": source,
+                    "options": ["rbind", "ro"]
+                }));
+        }
+    };
+    let f = Fixture::new();
+    // A directory of the host root's, mode 0700, on the way.
+    let private = f.dir.path().join("private");
+    std::fs::create_dir(&private).expect("mkdir");
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let hidden = private.join("hidden");
+    std::fs::create_dir(&hidden).expect("mkdir");
+    std::fs::write(hidden.join("f"), "secret\n").expect("write");
+    f.write_config(&["cat", "/home/f"], with_userns(&hidden));
+    let id = common::unique_name("userns-bind");
+    let out = f.create(&id);
+    assert_one_clear_error(&f, &out, "cannot search");
+    assert!(
+        out.stderr
+            .contains(&format!("{} at /home", hidden.display())),
+        "{out}"
+    );
+    assert!(out.stderr.contains("host uid 100000"), "{out}");
+    assert_nothing_left(&f, &id);
+
+    let open = tempfile::Builder::new()
+        .prefix("agentvm-userns-")
+        .tempdir()
+        .expect("tempdir");
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::write(open.path().join("f"), "visible\n").expect("write");
+    std::fs::set_permissions(
+        open.path().join("f"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .expect("chmod");
+    f.write_config(&["cat", "/home/f"], with_userns(open.path()));
+    let bundle = f.bundle();
+    let out = f.agentvm(&["run", "--bundle", bundle.to_str().expect("utf-8"), &id]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(out.stdout, "visible\n", "{out}");
+    assert_nothing_left(&f, &id);
+}

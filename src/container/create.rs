@@ -50,6 +50,7 @@ pub fn create(
     lsm::check_spec(&bundle.spec, lsm::selinux_enabled())?;
     cgroups::refuse_unified_on_v1(&bundle.spec)?;
     cwd::ensure(&bundle.spec, &bundle.rootfs)?;
+    super::idmap::check_bind_sources(&bundle.spec)?;
     let dir = ctx.container_dir(id);
     let egress = opts.egress.take();
     // As runc: the hooks run at create (prestart, createRuntime) run in the

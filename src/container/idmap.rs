@@ -42,6 +42,20 @@ pub enum IdMapError {
     },
     #[error("cannot prepare the id-map helpers in {path}: {source}")]
     Prepare { path: PathBuf, source: io::Error },
+    #[error(
+        "cannot bind mount {from} at {destination}: the user namespace's root (host uid {uid}) \
+         cannot search {dir} (mode {mode:o}, owner {owner}:{group}); libcontainer mounts from \
+         inside the namespace (runc 1.1 opens the source outside it and mounts it by fd)"
+    )]
+    Unreachable {
+        from: PathBuf,
+        destination: PathBuf,
+        uid: u32,
+        dir: PathBuf,
+        mode: u32,
+        owner: u32,
+        group: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,6 +193,118 @@ pub fn needs_helpers(spec: &Spec) -> bool {
         .any(|n| n.typ() == LinuxNamespaceType::User && n.path().is_none());
     let ranges = |m: &Option<Vec<_>>| m.as_ref().map_or(0, Vec::len);
     new_userns && (ranges(linux.uid_mappings()) > 1 || ranges(linux.gid_mappings()) > 1)
+}
+
+/// One id map range: container id, host id, size.
+type Range = (u32, u32, u32);
+
+/// The host ids of the new user namespace's uid 0 and gid 0, and its uid
+/// and gid maps, when the spec makes one.
+fn new_userns_root(spec: &Spec) -> Option<(u32, u32, Vec<Range>, Vec<Range>)> {
+    let linux = spec.linux().as_ref()?;
+    let new = linux
+        .namespaces()
+        .iter()
+        .flatten()
+        .any(|n| n.typ() == LinuxNamespaceType::User && n.path().is_none());
+    if !new {
+        return None;
+    }
+    let ranges = |m: &Option<Vec<oci_spec::runtime::LinuxIdMapping>>| -> Vec<Range> {
+        m.iter()
+            .flatten()
+            .map(|r| (r.container_id(), r.host_id(), r.size()))
+            .collect()
+    };
+    let (uids, gids) = (ranges(linux.uid_mappings()), ranges(linux.gid_mappings()));
+    let host_of = |m: &[Range]| {
+        m.iter()
+            .find(|(c, _, size)| *c == 0 && *size > 0)
+            .map(|(_, h, _)| *h)
+    };
+    Some((host_of(&uids)?, host_of(&gids)?, uids, gids))
+}
+
+/// Refuses, before anything starts, a bind mount whose source the new user
+/// namespace's root cannot reach: libcontainer resolves and mounts it from
+/// inside the namespace, where it fails as "failed to prepare rootfs"
+/// without naming the mount. (runc 1.1 opens such a source outside the
+/// namespace; the container then starts, and the workload is refused the
+/// files themselves.) Root in the namespace searches a directory if its
+/// permission bits let the mapped uid or gid in, or if the directory's
+/// owner and group are both mapped (its CAP_DAC_OVERRIDE then applies).
+pub fn check_bind_sources(spec: &Spec) -> Result<(), IdMapError> {
+    let Some((uid, gid, uids, gids)) = new_userns_root(spec) else {
+        return Ok(());
+    };
+    if !privileged() || nix::unistd::geteuid().as_raw() == uid {
+        return Ok(());
+    }
+    let mapped = |m: &[Range], id: u32| {
+        m.iter()
+            .any(|(_, h, size)| id >= *h && u64::from(id) < u64::from(*h) + u64::from(*size))
+    };
+    for m in spec.mounts().iter().flatten() {
+        let bind = m.typ().as_deref() == Some("bind")
+            || m.options()
+                .iter()
+                .flatten()
+                .any(|o| o == "bind" || o == "rbind");
+        let Some(source) = m.source().as_ref().filter(|_| bind) else {
+            continue;
+        };
+        // A source that does not exist fails later with its own error.
+        let Ok(real) = std::fs::canonicalize(source) else {
+            continue;
+        };
+        for dir in real.ancestors().skip(1) {
+            let Ok(meta) = std::fs::metadata(dir) else {
+                continue;
+            };
+            use std::os::unix::fs::MetadataExt;
+            let mode = meta.mode() & 0o7777;
+            let bits = if meta.uid() == uid {
+                mode >> 6
+            } else if meta.gid() == gid {
+                mode >> 3
+            } else {
+                mode
+            };
+            let overridden = mapped(&uids, meta.uid()) && mapped(&gids, meta.gid());
+            // An access ACL may let the mapped root in where the mode
+            // bits do not: such a directory is left to the kernel.
+            if bits & 0o1 == 0 && !overridden && !has_access_acl(dir) {
+                return Err(IdMapError::Unreachable {
+                    from: source.clone(),
+                    destination: m.destination().clone(),
+                    uid,
+                    dir: dir.to_path_buf(),
+                    mode,
+                    owner: meta.uid(),
+                    group: meta.gid(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `dir` carries a POSIX access ACL (`system.posix_acl_access`).
+fn has_access_acl(dir: &Path) -> bool {
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: both strings are NUL-terminated and outlive the call; a null
+    // buffer of size 0 asks only for the value's size.
+    let size = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"system.posix_acl_access".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    size > 0
 }
 
 /// Root in the initial user namespace: what libcontainer calls privileged.
