@@ -181,18 +181,23 @@ fn write_map(kind: Kind, pid: u32, map: &str) -> Result<(), IdMapError> {
     Ok(())
 }
 
+/// Whether the spec makes a new user namespace (not one joined by path).
+fn makes_user_namespace(linux: &oci_spec::runtime::Linux) -> bool {
+    linux
+        .namespaces()
+        .iter()
+        .flatten()
+        .any(|n| n.typ() == LinuxNamespaceType::User && n.path().is_none())
+}
+
 /// Whether libcontainer would run newuidmap/newgidmap for this spec.
 pub fn needs_helpers(spec: &Spec) -> bool {
     let Some(linux) = spec.linux() else {
         return false;
     };
-    let new_userns = linux
-        .namespaces()
-        .iter()
-        .flatten()
-        .any(|n| n.typ() == LinuxNamespaceType::User && n.path().is_none());
     let ranges = |m: &Option<Vec<_>>| m.as_ref().map_or(0, Vec::len);
-    new_userns && (ranges(linux.uid_mappings()) > 1 || ranges(linux.gid_mappings()) > 1)
+    makes_user_namespace(linux)
+        && (ranges(linux.uid_mappings()) > 1 || ranges(linux.gid_mappings()) > 1)
 }
 
 /// One id map range: container id, host id, size.
@@ -201,15 +206,7 @@ type Range = (u32, u32, u32);
 /// The host ids of the new user namespace's uid 0 and gid 0, and its uid
 /// and gid maps, when the spec makes one.
 fn new_userns_root(spec: &Spec) -> Option<(u32, u32, Vec<Range>, Vec<Range>)> {
-    let linux = spec.linux().as_ref()?;
-    let new = linux
-        .namespaces()
-        .iter()
-        .flatten()
-        .any(|n| n.typ() == LinuxNamespaceType::User && n.path().is_none());
-    if !new {
-        return None;
-    }
+    let linux = spec.linux().as_ref().filter(|l| makes_user_namespace(l))?;
     let ranges = |m: &Option<Vec<oci_spec::runtime::LinuxIdMapping>>| -> Vec<Range> {
         m.iter()
             .flatten()
@@ -245,12 +242,7 @@ pub fn check_bind_sources(spec: &Spec) -> Result<(), IdMapError> {
             .any(|(_, h, size)| id >= *h && u64::from(id) < u64::from(*h) + u64::from(*size))
     };
     for m in spec.mounts().iter().flatten() {
-        let bind = m.typ().as_deref() == Some("bind")
-            || m.options()
-                .iter()
-                .flatten()
-                .any(|o| o == "bind" || o == "rbind");
-        let Some(source) = m.source().as_ref().filter(|_| bind) else {
+        let Some(source) = m.source().as_ref().filter(|_| super::fixup::is_bind(m)) else {
             continue;
         };
         // A source that does not exist fails later with its own error.

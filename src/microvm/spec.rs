@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::{LinuxCpu, LinuxNamespace, LinuxNamespaceType, Mount, Root, Spec};
+use oci_spec::runtime::{LinuxCpu, LinuxNamespace, LinuxNamespaceType, Root, Spec};
 
 use crate::config::Config;
 use crate::protocol::SHARE_MOUNT;
@@ -351,12 +351,8 @@ pub fn netns_path(spec: &Spec) -> Option<PathBuf> {
         .clone()
 }
 
-pub fn is_bind(m: &Mount) -> bool {
-    m.typ().as_deref() == Some("bind")
-        || m.options()
-            .as_ref()
-            .is_some_and(|o| o.iter().any(|v| v == "bind" || v == "rbind"))
-}
+/// libcontainer's rule, as the container tier reads it.
+pub use crate::container::fixup::is_bind;
 
 /// The CPUs a container's limits ask for: the quota over the period, or
 /// the size of its cpuset; `None` when it asks for neither.
