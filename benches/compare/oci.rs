@@ -324,32 +324,7 @@ fn microvm_diagnosis(root: &Path, id: &str) -> Option<String> {
     let mut out = String::new();
     if let Some(pid) = state.supervisor_pid {
         out.push_str(&format!("supervisor {pid}, its threads:\n"));
-        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .into_iter()
-            .flatten();
-        for task in tasks.flatten() {
-            let t = task.path();
-            let read = |f: &str| {
-                std::fs::read_to_string(t.join(f))
-                    .unwrap_or_default()
-                    .trim()
-                    .to_string()
-            };
-            let status = read("status");
-            let state = status
-                .lines()
-                .find_map(|l| l.strip_prefix("State:"))
-                .unwrap_or("?")
-                .trim()
-                .to_string();
-            out.push_str(&format!(
-                "  {} {}: {state}, wchan {}, syscall {}\n",
-                task.file_name().to_string_lossy(),
-                read("comm"),
-                read("wchan"),
-                read("syscall")
-            ));
-        }
+        out.push_str(&crate::common::cmd::threads_of(pid.unsigned_abs()));
     }
     let console =
         std::fs::read(dir.join(agentvm::microvm::vmstate::CONSOLE_LOG)).unwrap_or_default();
