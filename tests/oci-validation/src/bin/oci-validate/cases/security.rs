@@ -161,6 +161,21 @@ fn oci_profile(docker: &Value, caps: &[&str]) -> Value {
     })
 }
 
+/// Podman's default profile as it hands it to runc for a container with
+/// the default capabilities; `None`, with `checks` skipped, where this
+/// host has no such file.
+fn containers_profile(ctx: &mut Ctx, checks: &[&str]) -> Result<Option<Value>> {
+    let text = match std::fs::read_to_string(CONTAINERS_PROFILE) {
+        Ok(t) => t,
+        Err(e) => {
+            ctx.skip_all(checks, &format!("{CONTAINERS_PROFILE}: {e}"));
+            return Ok(None);
+        }
+    };
+    let docker: Value = serde_json::from_str(&text)?;
+    Ok(Some(oci_profile(&docker, crate::bundle::DEFAULT_CAPS)))
+}
+
 /// The default profile Podman gives runc loads, and the workload runs
 /// under it: a profile with `defaultErrnoRet`, sub-architectures, rules
 /// with argument filters (`personality`, `socket`, `clone`) and names
@@ -171,15 +186,9 @@ fn default_profile(ctx: &mut Ctx) -> Result<()> {
         "allowed syscalls work under it",
         "unlisted syscall gets defaultErrnoRet",
     ];
-    let text = match std::fs::read_to_string(CONTAINERS_PROFILE) {
-        Ok(t) => t,
-        Err(e) => {
-            ctx.skip_all(CHECKS, &format!("{CONTAINERS_PROFILE}: {e}"));
-            return Ok(());
-        }
+    let Some(profile) = containers_profile(ctx, CHECKS)? else {
+        return Ok(());
     };
-    let docker: Value = serde_json::from_str(&text)?;
-    let profile = oci_profile(&docker, crate::bundle::DEFAULT_CAPS);
     let default_errno = profile["defaultErrnoRet"]
         .as_i64()
         .and_then(|e| i32::try_from(e).ok())
@@ -259,15 +268,9 @@ fn enosys(ctx: &mut Ctx) -> Result<()> {
         "a syscall newer than the profile gets ENOSYS",
         "an older syscall left out gets the default action",
     ];
-    let text = match std::fs::read_to_string(CONTAINERS_PROFILE) {
-        Ok(t) => t,
-        Err(e) => {
-            ctx.skip_all(CHECKS, &format!("{CONTAINERS_PROFILE}: {e}"));
-            return Ok(());
-        }
+    let Some(mut profile) = containers_profile(ctx, CHECKS)? else {
+        return Ok(());
     };
-    let docker: Value = serde_json::from_str(&text)?;
-    let mut profile = oci_profile(&docker, crate::bundle::DEFAULT_CAPS);
     // Podman's default answers ENOSYS itself (defaultErrnoRet 38), where
     // runc adds nothing; Docker's answers EPERM, as this one now does.
     if let Some(p) = profile.as_object_mut() {
