@@ -52,6 +52,11 @@ fn out_dir(f: &Fixture) -> PathBuf {
 /// directory bind-mounted read-write at /out, and /sys with the cgroup
 /// file system.
 fn write_script(f: &Fixture, script: &str) {
+    write_script_with_cgroup(f, script, "ro");
+}
+
+/// [`write_script`] with the cgroup mount `ro` or `rw`.
+fn write_script_with_cgroup(f: &Fixture, script: &str, cgroup: &str) {
     let out = out_dir(f);
     f.write_config(&["sh", "-c", script], |c| {
         c["mounts"].as_array_mut().expect("mounts").extend([
@@ -65,7 +70,7 @@ fn write_script(f: &Fixture, script: &str) {
             }),
             serde_json::json!({
                 "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
-                "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]
+                "options": ["nosuid", "noexec", "nodev", "relatime", cgroup]
             }),
         ]);
     });
@@ -444,20 +449,11 @@ fn exec_cgroup_joins_a_sub_cgroup_in_the_guest() {
     let f = require!(microvm());
     let id = "mv-subcg";
     // The workload makes its sub-cgroup: its cgroup mount is writable.
-    let script = "mkdir /sys/fs/cgroup/sub && echo up > /out/up; exec sleep 1000";
-    let out = out_dir(&f);
-    f.write_config(&["sh", "-c", script], |c| {
-        c["mounts"].as_array_mut().expect("mounts").extend([
-            serde_json::json!({
-                "destination": "/out", "type": "bind",
-                "source": out, "options": ["rbind", "rw"]
-            }),
-            serde_json::json!({
-                "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
-                "options": ["nosuid", "noexec", "nodev", "relatime", "rw"]
-            }),
-        ]);
-    });
+    write_script_with_cgroup(
+        &f,
+        "mkdir /sys/fs/cgroup/sub && echo up > /out/up; exec sleep 1000",
+        "rw",
+    );
     f.create(id).ok();
     f.agentvm(&["start", id]).ok();
     wait_for_file(&f, "up");
