@@ -82,6 +82,14 @@ impl Bundle {
             source,
         })?;
         let spec = Self::parse_spec(&config, &text)?;
+        Self::with_spec(path, spec)
+    }
+
+    /// The bundle at `path` whose config is `spec`, already read and
+    /// checked as [`Bundle::parse_spec`] checks it (the microVM guest gets
+    /// the spec from the host, which loaded the bundle). Checks the root.
+    pub fn with_spec(path: &Path, spec: Spec) -> Result<Bundle, BundleError> {
+        let config = path.join("config.json");
         let root = spec
             .root()
             .as_ref()

@@ -30,6 +30,13 @@ pub struct CreateOptions {
     pub stderr: Option<OwnedFd>,
     /// An egress policy other than `allow`, and the audit trail.
     pub egress: Option<(crate::egress::Policy, PathBuf)>,
+    /// The caller knows the cgroup cannot exist yet (the first container
+    /// of a freshly booted microVM's guest), so it is not checked for
+    /// being frozen or holding processes.
+    pub fresh_cgroup: bool,
+    /// The spec's seccomp profile has runc's ENOSYS rule already (the
+    /// microvm tier adds it on the host): it is not worked out again.
+    pub enosys_added: bool,
 }
 
 /// Creates the container; on any failure removes what was made for it. The
@@ -73,6 +80,7 @@ pub fn create(
         .linux_mut()
         .as_mut()
         .and_then(|l| l.seccomp_mut().as_mut())
+        .filter(|_| !opts.enosys_added)
     {
         super::enosys::add_rule(seccomp);
     }
@@ -88,8 +96,10 @@ pub fn create(
                 p
             }
         };
-        cgroups::refuse_frozen(&path)?;
-        cgroups::warn_if_populated(&path);
+        if !opts.fresh_cgroup {
+            cgroups::refuse_frozen(&path)?;
+            cgroups::warn_if_populated(&path);
+        }
     }
     step("checks done");
     let result = {

@@ -14,7 +14,7 @@ use super::port::Port;
 use super::stream::{Exited, Read, Stream};
 use super::{sys, GuestError};
 use crate::context::Context;
-use crate::protocol::{Frame, GuestMessage, HostMessage, Kind, Reply, VERSION};
+use crate::protocol::{Frame, GuestMessage, HostMessage, Kind, Reply, INIT_STREAM, VERSION};
 
 /// How long the agent waits, after a process was reaped, for its output to
 /// reach EOF before it reports the exit anyway (a background descendant
@@ -38,6 +38,9 @@ pub struct Agent {
     /// The pod's further containers: their init's stream id and their id
     /// in the container tier here.
     pub(super) members: BTreeMap<u32, String>,
+    /// The cgroup directory of the container's init, once created: its
+    /// OOM-kill count goes with its Exit.
+    pub(super) init_cgroup: Option<std::path::PathBuf>,
     /// When to give guest RAM back to the host ([`super::trim`]): a while
     /// after the last request, once.
     trim_at: Option<Instant>,
@@ -81,6 +84,7 @@ impl Agent {
             streams: BTreeMap::new(),
             netns: None,
             members: BTreeMap::new(),
+            init_cgroup: None,
             trim_at: None,
             buf: vec![0u8; OUTPUT_CHUNK],
         })
@@ -254,7 +258,15 @@ impl Agent {
             self.drain(id)?;
             if let Some(stream) = self.streams.remove(&id) {
                 let status = stream.exit.map(|e| e.status).unwrap_or_default();
-                self.port.send(&GuestMessage::Exit { id, status })?;
+                let oom_kills = match (id, &self.init_cgroup) {
+                    (INIT_STREAM, Some(dir)) => Some(super::requests::oom_kills(dir)),
+                    _ => None,
+                };
+                self.port.send(&GuestMessage::Exit {
+                    id,
+                    status,
+                    oom_kills,
+                })?;
             }
         }
         Ok(())

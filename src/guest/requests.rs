@@ -108,7 +108,18 @@ impl Agent {
             return Err(RequestError::Refused(e.clone()));
         }
         let spec = guest_spec(spec, self.netns.as_deref());
-        self.create_container(CONTAINER_ID, Path::new(BUNDLE_DIR), &spec, INIT_STREAM)
+        // guest_spec leaves an absolute cgroup path, which the container
+        // tier takes as it is.
+        let cgroup = spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.cgroups_path().as_deref())
+            .map(cgroup_dir);
+        // The VM booted for this container: nothing made its cgroup yet.
+        let reply =
+            self.create_container(CONTAINER_ID, Path::new(BUNDLE_DIR), spec, INIT_STREAM, true)?;
+        self.init_cgroup = cgroup;
+        Ok(reply)
     }
 
     /// A further container of the pod, whose init is stream `id`, in the
@@ -136,7 +147,7 @@ impl Agent {
         let spec = member_spec(spec, join, sandbox_pid.as_raw(), self.netns.as_deref());
         let guest_id = member_id(id);
         let bundle_dir = PathBuf::from(format!("{MEMBER_BUNDLES}/{guest_id}"));
-        let reply = self.create_container(&guest_id, &bundle_dir, &spec, id);
+        let reply = self.create_container(&guest_id, &bundle_dir, spec, id, false);
         match &reply {
             Ok(_) => {
                 self.members.insert(id, guest_id);
@@ -183,21 +194,30 @@ impl Agent {
     }
 
     /// Creates container `guest_id` from `spec` in `bundle_dir`, its init
-    /// as stream `stream`.
+    /// as stream `stream`; `fresh_cgroup` as in [`CreateOptions`].
     fn create_container(
         &mut self,
         guest_id: &str,
         bundle_dir: &Path,
-        spec: &Spec,
+        mut spec: Spec,
         stream: u32,
+        fresh_cgroup: bool,
     ) -> Result<Reply, RequestError> {
+        if let Some(seccomp) = spec
+            .linux_mut()
+            .as_mut()
+            .and_then(|l| l.seccomp_mut().as_mut())
+        {
+            keep_runnable_arches(seccomp, Path::new(IA32_SYSCTL).exists());
+        }
         std::fs::create_dir_all(bundle_dir)
             .map_err(io(format!("cannot create {}", bundle_dir.display())))?;
         let config = bundle_dir.join("config.json");
-        let text = serde_json::to_vec(spec)
+        let text = serde_json::to_vec(&spec)
             .map_err(|e| RequestError::Refused(format!("cannot encode the spec: {e}")))?;
         std::fs::write(&config, text).map_err(io(format!("cannot write {}", config.display())))?;
-        let bundle = Bundle::load(bundle_dir)?;
+        // libcontainer reads the file; the spec it holds is at hand.
+        let bundle = Bundle::with_spec(bundle_dir, spec)?;
         let terminal = bundle
             .spec
             .process()
@@ -206,6 +226,9 @@ impl Agent {
             .unwrap_or(false);
         let mut opts = CreateOptions {
             detached: true,
+            fresh_cgroup,
+            // The host added it (`microvm::spec::plan_in`).
+            enosys_added: true,
             ..Default::default()
         };
         let stdio = if terminal {
@@ -396,8 +419,7 @@ impl Agent {
         };
         if self.ctx.container_dir(guest_id).exists() {
             let container = crate::container::load(&self.ctx, guest_id)?;
-            let rel = crate::container::cgroup_path(&container)?;
-            let dir = Path::new("/sys/fs/cgroup").join(rel.strip_prefix("/").unwrap_or(&rel));
+            let dir = cgroup_dir(&crate::container::cgroup_path(&container)?);
             let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap_or_default();
             stats.memory_usage_bytes = read("memory.current").trim().parse().unwrap_or(0);
             stats.cpu_usage_ns = cpu_usage_usec(&read("cpu.stat"))
@@ -406,7 +428,7 @@ impl Agent {
             stats.pids = read("pids.current").trim().parse().unwrap_or(0);
             // "max" (no limit) parses to nothing: the guest's RAM bounds it.
             stats.memory_limit_bytes = read("memory.max").trim().parse().unwrap_or(0);
-            stats.oom_kills = crate::events::oom_kill_count(&read("memory.events")).unwrap_or(0);
+            stats.oom_kills = oom_kills(&dir);
         }
         Ok(Reply::Stats { stats, vmm: None })
     }
@@ -450,6 +472,49 @@ pub fn guest_spec(mut spec: Spec, netns: Option<&Path>) -> Spec {
     }
     spec.set_linux(Some(linux));
     spec
+}
+
+/// Present when the guest kernel runs 32-bit x86 system calls
+/// (`CONFIG_IA32_EMULATION`); agentvm's own kernel does not.
+const IA32_SYSCTL: &str = "/proc/sys/abi/vsyscall32";
+
+/// Keeps of a seccomp profile's architectures those whose system calls
+/// the guest kernel can run: x86-64, and 32-bit x86 only when `ia32`. The
+/// others cannot reach the guest kernel, and libseccomp compiling rules
+/// for them is most of the cost of loading a profile under TCG (Docker's
+/// lists three). A call of an architecture left out is the filter's bad
+/// architecture (the thread is killed), never let through: an x32 call,
+/// which agentvm's kernel answers ENOSYS, is killed instead. A profile
+/// naming none of them is left as it is.
+pub fn keep_runnable_arches(seccomp: &mut oci_spec::runtime::LinuxSeccomp, ia32: bool) {
+    use oci_spec::runtime::Arch;
+    let Some(arches) = seccomp.architectures().clone() else {
+        return;
+    };
+    let runnable: Vec<Arch> = arches
+        .iter()
+        .copied()
+        .filter(|a| match a {
+            Arch::ScmpArchX86_64 => cfg!(target_arch = "x86_64"),
+            Arch::ScmpArchX86 => cfg!(target_arch = "x86_64") && ia32,
+            _ => false,
+        })
+        .collect();
+    if !runnable.is_empty() {
+        seccomp.set_architectures(Some(runnable));
+    }
+}
+
+/// The directory of cgroup `path` (as a spec or the container tier names
+/// it) in the guest's cgroup2 mount.
+fn cgroup_dir(path: &Path) -> PathBuf {
+    Path::new("/sys/fs/cgroup").join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// The OOM-kill count of the cgroup at `dir`; 0 if it cannot be read.
+pub(super) fn oom_kills(dir: &Path) -> u64 {
+    let events = std::fs::read_to_string(dir.join("memory.events")).unwrap_or_default();
+    crate::events::oom_kill_count(&events).unwrap_or(0)
 }
 
 /// Where the agent writes the bundles of a pod's member containers.
@@ -559,6 +624,35 @@ pub fn cpu_usage_usec(cpu_stat: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seccomp_keeps_the_architectures_the_guest_kernel_runs() {
+        use oci_spec::runtime::Arch::{ScmpArchAarch64, ScmpArchX32, ScmpArchX86, ScmpArchX86_64};
+        let profile = |arches: Option<Vec<oci_spec::runtime::Arch>>| {
+            let mut s = oci_spec::runtime::LinuxSeccomp::default();
+            s.set_architectures(arches);
+            s
+        };
+        let docker = Some(vec![ScmpArchX86_64, ScmpArchX86, ScmpArchX32]);
+        let cases = [
+            (docker.clone(), false, Some(vec![ScmpArchX86_64])),
+            (docker, true, Some(vec![ScmpArchX86_64, ScmpArchX86])),
+            // Nothing the guest runs: left as it is, not emptied (an empty
+            // list would mean the native architecture).
+            (
+                Some(vec![ScmpArchAarch64]),
+                false,
+                Some(vec![ScmpArchAarch64]),
+            ),
+            (Some(vec![ScmpArchX86]), false, Some(vec![ScmpArchX86])),
+            (None, false, None),
+        ];
+        for (given, ia32, want) in cases {
+            let mut s = profile(given.clone());
+            keep_runnable_arches(&mut s, ia32);
+            assert_eq!(s.architectures(), &want, "{given:?} ia32={ia32}");
+        }
+    }
 
     #[test]
     fn cgroup_paths_without_meaning_in_the_guest_are_replaced() {

@@ -304,6 +304,13 @@ pub fn plan_in(
             linux.set_namespaces(Some(nss));
         }
         linux.set_cgroups_path(Some(PathBuf::from("/agentvm")));
+        // runc's ENOSYS for system calls newer than the profile, worked
+        // out here at the host's speed rather than the guest's (libseccomp
+        // resolving every name of the profile); the guest's container
+        // tier is told it is done (`CreateOptions::enosys_added`).
+        if let Some(seccomp) = linux.seccomp_mut() {
+            crate::container::enosys::add_rule(seccomp);
+        }
         if let Some(res) = linux.resources() {
             if let Some(limit) = res
                 .memory()
@@ -487,6 +494,39 @@ mod tests {
         );
         assert!(e.contains("not supported by the microvm tier"), "{e}");
         assert!(!e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn the_guest_gets_runc_s_enosys_rule_worked_out_on_the_host() {
+        let mut v = serde_json::to_value(spec()).unwrap();
+        v["linux"]["seccomp"] = serde_json::json!({
+            "defaultAction": "SCMP_ACT_ERRNO",
+            "defaultErrnoRet": 1,
+            "architectures": ["SCMP_ARCH_X86_64"],
+            "syscalls": [{"names": ["read", "write", "exit_group"], "action": "SCMP_ACT_ALLOW"}]
+        });
+        let with: Spec = serde_json::from_value(v).unwrap();
+        let planned = plan_of(&with).unwrap().spec;
+        let rules = planned
+            .linux()
+            .as_ref()
+            .and_then(|l| l.seccomp().as_ref())
+            .and_then(|s| s.syscalls().clone())
+            .unwrap();
+        assert_eq!(rules.len(), 2, "{rules:?}");
+        let enosys = &rules[1];
+        assert_eq!(enosys.errno_ret(), Some(libc::ENOSYS as u32));
+        // Newer than exit_group (231), the highest the profile names.
+        assert!(enosys.names().iter().any(|n| n == "openat2"), "{enosys:?}");
+        assert!(!enosys.names().iter().any(|n| n == "open"), "{enosys:?}");
+        // The guest's container tier finds nothing left to add.
+        let mut again = planned
+            .linux()
+            .as_ref()
+            .and_then(|l| l.seccomp().clone())
+            .unwrap();
+        crate::container::enosys::add_rule(&mut again);
+        assert_eq!(again.syscalls().as_ref().map(Vec::len), Some(2));
     }
 
     #[test]

@@ -404,7 +404,7 @@ impl Vm {
             }
             Kind::Control => match f.parse_control::<GuestMessage>() {
                 Ok(GuestMessage::Reply(r)) => Some(r),
-                Ok(GuestMessage::Exit { id, status }) => {
+                Ok(GuestMessage::Exit { id, status, .. }) => {
                     if self.got.exits.insert(id, status).is_some() {
                         self.fail(&format!("second Exit for stream {id}"));
                     }

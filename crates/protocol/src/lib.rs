@@ -528,8 +528,15 @@ pub enum GuestMessage {
     },
     /// The answer to the oldest unanswered host request.
     Reply(Reply),
-    /// The process of stream `id` ended: exit code, or 128+signal.
-    Exit { id: u32, status: i32 },
+    /// The process of stream `id` ended: exit code, or 128+signal. For the
+    /// container's init, `oom_kills` is its cgroup's OOM-kill count then
+    /// (kept for `events`, as the count goes with the VM).
+    Exit {
+        id: u32,
+        status: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        oom_kills: Option<u64>,
+    },
     /// A diagnostic from the guest agent, for the runtime log.
     Log { level: String, message: String },
 }
@@ -544,7 +551,11 @@ mod tests {
             Frame::control(&HostMessage::Start),
             Frame::data(Kind::Stdout, 3, b"hello"),
             Frame::data(Kind::StdinClose, 0, b""),
-            Frame::control(&GuestMessage::Exit { id: 2, status: 137 }),
+            Frame::control(&GuestMessage::Exit {
+                id: 2,
+                status: 137,
+                oom_kills: None,
+            }),
         ];
         let mut wire = Vec::new();
         for f in &frames {

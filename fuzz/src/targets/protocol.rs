@@ -221,6 +221,7 @@ fn frame_of(seed: &Seed) -> Frame {
         Seed::Exit(id, status) => GuestMessage::Exit {
             id: id.u32(),
             status: status.i32(),
+            oom_kills: (id.u32() % 2 == 0).then(|| u64::from(status.u32())),
         },
         Seed::Log(level, message) => GuestMessage::Log {
             level: ["error", "warn", "info", "debug", "trace", "\x1b[31m", ""]

@@ -395,12 +395,34 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     trace.mark("vmm launch");
     let timeout = args.config.microvm.boot_timeout();
     let mut guest_log = guest_log::GuestLog::new(Instant::now());
+    // The network and the container's spec go out as soon as the VMM
+    // connects the control port, before the agent says Hello: the agent
+    // finds them waiting when it starts serving, instead of a round trip
+    // later. It answers them in order.
+    let mut early = Vec::new();
+    if !plumbed.guest.interfaces.is_empty() {
+        early.push(Early {
+            what: "network",
+            msg: HostMessage::Network {
+                network: plumbed.guest.clone(),
+            },
+            expected: |r| matches!(r, Reply::Ok),
+        });
+    }
+    early.push(Early {
+        what: "create",
+        msg: HostMessage::Create {
+            spec: Box::new(plan.spec.clone()),
+        },
+        expected: |r| matches!(r, Reply::Created { .. }),
+    });
     let handshaken = handshake(
         &listener,
         vm.as_mut(),
         timeout,
         &config.console_log,
         &mut guest_log,
+        &early,
     );
     let mut guest = match handshaken {
         Ok((g, milestones)) => {
@@ -412,36 +434,14 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             return Err(with_console(e, &config.console_log));
         }
     };
-    if !plumbed.guest.interfaces.is_empty() {
-        let network = HostMessage::Network {
-            network: plumbed.guest.clone(),
-        };
-        if let Err(e) = request(
-            &mut guest,
-            &network,
-            "network",
-            timeout,
-            &mut guest_log,
-            |r| matches!(r, Reply::Ok),
-        ) {
+    for request in &early {
+        if let Err(e) = request.answered(&mut guest, timeout, &mut guest_log) {
             vm.kill();
             return Err(with_console(e, &config.console_log));
         }
-        trace.mark("guest network");
-    }
-    let create = HostMessage::Create {
-        spec: Box::new(plan.spec.clone()),
-    };
-    if let Err(e) = request(
-        &mut guest,
-        &create,
-        "create",
-        timeout,
-        &mut guest_log,
-        |r| matches!(r, Reply::Created { .. }),
-    ) {
-        vm.kill();
-        return Err(with_console(e, &config.console_log));
+        if request.what == "network" {
+            trace.mark("guest network");
+        }
     }
     trace.mark("container");
     // createContainer hooks resolve in the runtime's namespaces and run in
@@ -538,20 +538,30 @@ fn with_console(e: SupervisorError, console: &Path) -> SupervisorError {
     }
 }
 
-fn request(
-    guest: &mut UnixStream,
-    msg: &HostMessage,
-    what: &str,
-    timeout: Duration,
-    log: &mut guest_log::GuestLog,
-    expected: impl FnOnce(&Reply) -> bool,
-) -> Result<(), SupervisorError> {
-    match serve::send_and_wait(guest, msg, timeout, log)? {
-        r if expected(&r) => Ok(()),
-        Reply::Error { message } => Err(SupervisorError::Guest(message)),
-        other => Err(SupervisorError::Violation(format!(
-            "unexpected reply to {what}: {other:?}"
-        ))),
+/// A request sent with the handshake, before the agent's Hello.
+struct Early {
+    what: &'static str,
+    msg: HostMessage,
+    /// The reply that means it was done.
+    expected: fn(&Reply) -> bool,
+}
+
+impl Early {
+    /// Waits for the agent's answer to this request.
+    fn answered(
+        &self,
+        guest: &mut UnixStream,
+        timeout: Duration,
+        log: &mut guest_log::GuestLog,
+    ) -> Result<(), SupervisorError> {
+        match serve::wait_reply(guest, timeout, log)? {
+            r if (self.expected)(&r) => Ok(()),
+            Reply::Error { message } => Err(SupervisorError::Guest(message)),
+            other => Err(SupervisorError::Violation(format!(
+                "unexpected reply to {}: {other:?}",
+                self.what
+            ))),
+        }
     }
 }
 
@@ -562,6 +572,7 @@ fn handshake(
     timeout: Duration,
     console: &Path,
     log: &mut guest_log::GuestLog,
+    early: &[Early],
 ) -> Result<(UnixStream, Option<crate::protocol::GuestBoot>), SupervisorError> {
     // The timeout is bounded (config.rs), but a deadline past what an
     // Instant holds must not panic the supervisor.
@@ -597,6 +608,31 @@ fn handshake(
         std::thread::sleep(Duration::from_millis(5));
     };
     conn.set_nonblocking(false)
+        .map_err(io_error("control channel"))?;
+    // The VMM holds what the guest has not read yet: a write that does not
+    // fit waits for the guest, within the boot timeout.
+    let left = deadline.saturating_duration_since(Instant::now());
+    conn.set_write_timeout(Some(left.max(Duration::from_millis(1))))
+        .map_err(io_error("control channel"))?;
+    for request in early {
+        Frame::control(&request.msg)
+            .write_to(&mut conn)
+            .map_err(|e| match e {
+                crate::protocol::ProtocolError::Io(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    timed_out(&format!(
+                        "the guest never read the {} request",
+                        request.what
+                    ))
+                }
+                e => e.into(),
+            })?;
+    }
+    conn.set_write_timeout(None)
         .map_err(io_error("control channel"))?;
     loop {
         // Poll for Hello so a VM that dies while booting is noticed. A

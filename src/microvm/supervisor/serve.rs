@@ -24,16 +24,15 @@ use crate::protocol::{
 /// unresponsive.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Sends one request on a connection nobody else reads and waits for its
-/// reply, skipping the guest's logs. Used before the reader thread runs.
-pub fn send_and_wait(
+/// Waits up to `timeout` for the guest's reply to the oldest request it
+/// has not answered yet, on a connection nobody else reads, logging what
+/// the guest logs meanwhile. Used before the reader thread runs.
+pub fn wait_reply(
     guest: &mut UnixStream,
-    msg: &HostMessage,
     timeout: Duration,
     log: &mut GuestLog,
 ) -> Result<Reply, SupervisorError> {
     let channel = |e: std::io::Error| SupervisorError::Guest(format!("control channel: {e}"));
-    Frame::control(msg).write_to(guest)?;
     guest.set_read_timeout(Some(timeout)).map_err(channel)?;
     let result = loop {
         let frame = match Frame::read_from(guest) {
@@ -108,7 +107,9 @@ pub fn run_hooks(spec: &Spec, state: &VmState, kinds: &[&str]) -> Result<(), Str
 }
 
 enum Event {
-    InitExit(i32),
+    /// The container's init ended: its status, and its cgroup's OOM-kill
+    /// count as the guest gave it.
+    InitExit(i32, Option<u64>),
     /// The VM cannot be trusted or reached any more (a protocol violation,
     /// a broken channel, an unanswered request).
     GuestGone(String),
@@ -117,8 +118,9 @@ enum Event {
 
 /// How the container ended.
 enum End {
-    /// The workload exited with this status; the guest still answers.
-    Exited(i32),
+    /// The workload exited with this status (and OOM-kill count); the
+    /// guest still answers.
+    Exited(i32, Option<u64>),
     /// The VM died or the control channel is broken or untrusted.
     Lost,
 }
@@ -315,13 +317,11 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
 
     let mut oom_kills = None;
     let status = match wait_for_end(&shared, &events, vm.as_mut(), terminal.as_ref()) {
-        End::Exited(status) => {
-            // The workload is gone. Its cgroup's OOM-kill count is kept for
-            // `events`, which must report a kill that ended the container
-            // (the guest's count goes with the VM).
-            if let Ok(Reply::Stats { stats, .. }) = shared.request(&HostMessage::Stats) {
-                oom_kills = Some(stats.oom_kills);
-            }
+        End::Exited(status, ooms) => {
+            // The workload is gone. Its cgroup's OOM-kill count came with
+            // its exit and is kept for `events`, which must report a kill
+            // that ended the container (the guest's count goes with the VM).
+            oom_kills = ooms;
             // Power the guest off, then make sure.
             let _ = shared.request(&HostMessage::Shutdown);
             let deadline = Instant::now() + Duration::from_secs(3);
@@ -362,7 +362,7 @@ fn wait_for_end(
 ) -> End {
     loop {
         match events.recv_timeout(Duration::from_millis(100)) {
-            Ok(Event::InitExit(status)) => return End::Exited(status),
+            Ok(Event::InitExit(status, ooms)) => return End::Exited(status, ooms),
             Ok(Event::GuestGone(why)) => {
                 // A channel that closes is most often the VMM dying: name
                 // that when it is so.
@@ -478,13 +478,17 @@ fn dispatch(shared: &Shared, frame: Frame) -> Result<(), String> {
                     None => return Err("a reply nobody asked for".into()),
                 }
             }
-            GuestMessage::Exit { id, status } if id == INIT_STREAM => {
+            GuestMessage::Exit {
+                id,
+                status,
+                oom_kills,
+            } if id == INIT_STREAM => {
                 if let Ok(mut o) = shared.stdout.lock() {
                     let _ = o.flush();
                 }
-                let _ = shared.events.send(Event::InitExit(status));
+                let _ = shared.events.send(Event::InitExit(status, oom_kills));
             }
-            GuestMessage::Exit { id, status } => {
+            GuestMessage::Exit { id, status, .. } => {
                 // A stream whose relay is gone already (killed, hung up)
                 // has nobody to tell.
                 let bytes = encode(&Frame::control(&ExecEvent::Exit { status }));
@@ -1167,9 +1171,10 @@ mod tests {
         f.send(&GuestMessage::Exit {
             id: INIT_STREAM,
             status: 128 + libc::SIGSEGV,
+            oom_kills: Some(2),
         });
         match f.events.recv_timeout(Duration::from_secs(5)) {
-            Ok(Event::InitExit(status)) => assert_eq!(status, 139),
+            Ok(Event::InitExit(status, ooms)) => assert_eq!((status, ooms), (139, Some(2))),
             _ => panic!("no exit event"),
         }
         assert_eq!(f.stdout.0.lock().unwrap().as_slice(), b"hello\n");
@@ -1230,6 +1235,7 @@ mod tests {
         f.send(&GuestMessage::Exit {
             id: stream,
             status: 7,
+            oom_kills: None,
         });
         let exit: ExecEvent = Frame::read_from(&mut relay)
             .unwrap()
@@ -1286,7 +1292,11 @@ mod tests {
     #[test]
     fn an_exit_for_a_stream_never_started_is_a_violation() {
         let mut f = fixture();
-        f.send(&GuestMessage::Exit { id: 42, status: 0 });
+        f.send(&GuestMessage::Exit {
+            id: 42,
+            status: 0,
+            oom_kills: None,
+        });
         let why = f.gone().expect("the guest must be given up");
         assert!(why.contains("never started"), "{why}");
     }

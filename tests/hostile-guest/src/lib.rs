@@ -187,6 +187,7 @@ fn misbehave(mode: Mode) -> Result<File, Error> {
             &GuestMessage::Exit {
                 id: 4242,
                 status: 0,
+                oom_kills: None,
             },
         )?,
         Mode::BadJson => {
@@ -194,7 +195,14 @@ fn misbehave(mode: Mode) -> Result<File, Error> {
         }
         Mode::SlowHello | Mode::TamperInit => {
             let status = if mode == Mode::SlowHello { 7 } else { tampered };
-            send(&mut port, &GuestMessage::Exit { id: 0, status })?;
+            send(
+                &mut port,
+                &GuestMessage::Exit {
+                    id: 0,
+                    status,
+                    oom_kills: Some(u64::MAX),
+                },
+            )?;
             expect(&mut port, "shutdown")?;
             send(&mut port, &GuestMessage::Reply(Reply::Ok))?;
             say("powering off");
