@@ -406,7 +406,7 @@ impl Agent {
     fn shutdown(&mut self) {
         sys::kill_everything(Duration::from_secs(3));
         self.streams.clear();
-        nix::unistd::sync();
+        sys::flush_dirty();
     }
 
     /// After a fatal error: tell the host if the channel still works, then

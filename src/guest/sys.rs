@@ -160,13 +160,69 @@ pub fn since_boot() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// Writes back what the guest's page cache holds dirty for the host's
+/// files, when it holds any. Writes through virtio-fs reach the host as
+/// they are made (no writeback cache), so pages are left dirty only by a
+/// shared writable mapping; without any, `sync` would only make the host
+/// run syncfs(2) on the filesystem behind the share, flushing the whole
+/// of it to disk, which runc never does when a container ends, and would
+/// cost the guest about 20 ms under TCG.
+pub fn flush_dirty() {
+    // The counters are kept per CPU and folded into the totals /proc shows
+    // now and then: a write to stat_refresh folds them now, so a page
+    // dirtied just before is counted.
+    let refreshed = std::fs::write("/proc/sys/vm/stat_refresh", "1").is_ok();
+    let meminfo = refreshed
+        .then(|| std::fs::read_to_string("/proc/meminfo").ok())
+        .flatten();
+    if meminfo.as_deref().is_none_or(has_dirty_pages) {
+        nix::unistd::sync();
+    }
+}
+
+/// Whether `/proc/meminfo` shows pages dirty or under writeback (or lacks
+/// the figures, when the answer is yes to be safe).
+fn has_dirty_pages(meminfo: &str) -> bool {
+    use super::requests::meminfo_bytes;
+    match (
+        meminfo_bytes(meminfo, "Dirty"),
+        meminfo_bytes(meminfo, "Writeback"),
+    ) {
+        (Some(dirty), Some(writeback)) => dirty > 0 || writeback > 0,
+        _ => true,
+    }
+}
+
 /// Ends the VM: the host runs QEMU with `-no-reboot` and the kernel with
 /// `reboot=t`, so a reboot is how a microVM powers off (there is no ACPI).
 pub fn power_off() -> ! {
-    nix::unistd::sync();
+    flush_dirty();
     // SAFETY: reboot(2) with a valid command takes no pointers.
     unsafe { libc::reboot(libc::RB_AUTOBOOT) };
     // Only a non-PID-1 caller gets here; exiting PID 1 panics the kernel,
     // which (panic=-1) reboots as well.
     std::process::exit(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_dirty_or_writeback_pages_or_unknown_figures_need_a_sync() {
+        let meminfo = |dirty: &str, writeback: &str| {
+            format!(
+                "MemTotal:         504000 kB\nDirty:          {dirty} kB\nWriteback:      {writeback} kB\nAnonPages:        1200 kB\n"
+            )
+        };
+        assert!(!has_dirty_pages(&meminfo("0", "0")));
+        assert!(has_dirty_pages(&meminfo("4", "0")));
+        assert!(has_dirty_pages(&meminfo("0", "8")));
+        assert!(has_dirty_pages("MemTotal: 504000 kB\n"));
+        assert!(has_dirty_pages(""));
+        // "WritebackTmp" is another field, not Writeback.
+        assert!(!has_dirty_pages(
+            "Dirty: 0 kB\nWriteback: 0 kB\nWritebackTmp: 12 kB\n"
+        ));
+    }
 }
