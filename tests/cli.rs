@@ -372,3 +372,40 @@ fn a_bind_source_the_user_namespace_cannot_reach_is_named() {
     assert_eq!(out.stdout, "visible\n", "{out}");
     assert_nothing_left(&f, &id);
 }
+
+/// The shim's OOM watch (`events --oom-since-create`) may start only after
+/// a workload over its limit was killed and the container stopped (a
+/// loaded host delays the command's start past `start`): it still prints
+/// the kill, once, and ends. Without the flag a stopped container is
+/// refused, as runc refuses it.
+#[test]
+fn events_since_create_reports_a_kill_that_already_stopped_the_container() {
+    if skip_unless_root() {
+        return;
+    }
+    let f = Fixture::new();
+    f.write_config(
+        &["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"],
+        |c| c["linux"]["resources"] = serde_json::json!({"memory": {"limit": 32 << 20}}),
+    );
+    let id = common::unique_name("oom-late");
+    f.create(&id).ok();
+    f.agentvm(&["start", &id]).ok();
+    let stopped = common::wait_for(30, || (f.state(&id)["status"] == "stopped").then_some(()));
+    assert!(stopped.is_some(), "the container did not stop");
+    let out = f.agentvm(&["events", "--oom-since-create", &id]).ok();
+    let ooms: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert_eq!(
+        ooms,
+        vec![serde_json::json!({"type": "oom", "id": id})],
+        "{out}"
+    );
+    let out = f.agentvm(&["events", &id]);
+    assert_one_clear_error(&f, &out, "is not running");
+    f.agentvm(&["delete", &id]).ok();
+    assert_nothing_left(&f, &id);
+}

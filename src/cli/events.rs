@@ -8,7 +8,9 @@
 //! `--oom-since-create` (agentvm's own) reports every kill the container's
 //! cgroup has counted, also those before this command looked first: the
 //! shim starts `events` right after `create`, and a workload killed at once
-//! by its limit may be killed before the first look. `--oom-interval`
+//! by its limit may be killed before the first look, and even stop before
+//! this command starts: a stopped container then gets one look (its kills
+//! printed, exit 0) where runc says it is not running. `--oom-interval`
 //! (also agentvm's) sets how often the count is read: in the microvm tier
 //! each look is a question to the guest, which costs an idle VM under TCG
 //! a few percent of a CPU at the default 100 ms; the shim looks once a
@@ -48,7 +50,8 @@ pub struct EventsArgs {
     #[arg(long)]
     pub stats: bool,
     /// Report every OOM kill the container has had, not only those after
-    /// the first look (agentvm's shim runs events right after create)
+    /// the first look (agentvm's shim runs events right after create); a
+    /// container already stopped gets that one look instead of an error
     #[arg(long = "oom-since-create")]
     pub oom_since_create: bool,
     /// Time between looks at the OOM-kill count (and at whether the
@@ -106,7 +109,11 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
     let (tier, _) = super::open(ctx, &args.id, None)?;
     let id = args.id.as_str();
     let not_running = || anyhow::anyhow!("container with id {id} is not running");
-    if tier.state(ctx, id)?.status == "stopped" {
+    // runc refuses a stopped container. The shim's watch (--oom-since-create)
+    // may start only after a workload over its limit was killed and the
+    // container stopped: it still gets its one look, and the kill.
+    let stopped = tier.state(ctx, id)?.status == "stopped";
+    if stopped && (args.stats || !args.oom_since_create) {
         return Err(not_running());
     }
     let mut out = Lines(std::io::stdout().lock());
@@ -126,6 +133,10 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
             None
         }
     };
+    if stopped {
+        report_ooms(ctx, id, &mut oom, &mut out);
+        return Ok(());
+    }
     let wake = Wake::block();
     let mut next = Instant::now() + interval;
     loop {

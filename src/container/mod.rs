@@ -192,11 +192,16 @@ fn is_frozen(container: &Container) -> Result<bool, ContainerError> {
 }
 
 /// The directory of the container's cgroup for one controller (`memory`,
-/// `cpuset`): found from its init's `/proc/PID/cgroup` (which also names
-/// systemd's cgroups), else from the path libcontainer recorded; the v1
+/// `cpuset`): found from its running init's `/proc/PID/cgroup` (which also
+/// names systemd's cgroups), else from the path libcontainer recorded; the v1
 /// hierarchy of that controller when the host has one, else the unified one.
 pub fn cgroup_dir(container: &Container, controller: &str) -> Option<PathBuf> {
-    let from_proc = container.pid().and_then(|pid| {
+    // A dead init's /proc entry (a zombie not reaped yet) shows the root
+    // cgroup, not the container's.
+    let live = container
+        .pid()
+        .filter(|pid| !state::process_gone(pid.as_raw()));
+    let from_proc = live.and_then(|pid| {
         let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
         let mut unified = None;
         for line in text.lines() {
