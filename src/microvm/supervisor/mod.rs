@@ -439,7 +439,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             vm.kill();
             return Err(with_console(e, &config.console_log));
         }
-        if request.what == "network" {
+        if matches!(request.msg, HostMessage::Network { .. }) {
             trace.mark("guest network");
         }
     }
