@@ -17,36 +17,43 @@
 #
 # The test host boots from an initramfs holding busybox, the three
 # binaries, the guest kernel, the script that makes the tests' busybox
-# rootfs (at the path the tests look for it) and its own /init. The /init runs each step below and reports
-# over the serial console, one line per event:
-#   agentvm-testhost: begin STEP
-#   agentvm-testhost: pass STEP SECONDS | agentvm-testhost: fail STEP SECONDS rc=N
+# rootfs (at the path the tests look for it), its own /init and /plan: the
+# items to run, one test (or one check) each. /init runs each item and
+# reports over the serial console, one line per event:
+#   agentvm-testhost: begin ITEM
+#   agentvm-testhost: pass ITEM SECONDS | agentvm-testhost: fail ITEM SECONDS rc=N
 #   agentvm-testhost: done passed=N failed=N
 # then `reboot -f` ends QEMU (-no-reboot). A test that prints `skipped:`
-# inside the test host fails its step: there, nothing may be skipped.
-# This script checks every step's line, the done line and QEMU's exit status,
-# prints the test host's boot time, and closes with
-# `test-builtin: N passed, N failed`. Exit 0 when all passed, 1 otherwise,
-# 77 (after `skipped: <why>`) when the test host cannot run here.
+# inside the test host fails its item: there, nothing may be skipped.
+# This script checks every item's line, the done line and QEMU's exit
+# status, prints the test host's boot time, and closes with
+# `test-builtin: N passed, N failed` (items, and each boot's own checks).
+# Exit 0 when all passed, 1 otherwise, 77 (after `skipped: <why>`) when the
+# test host cannot run here.
+#
+# The test host is an emulated machine whose SVM emulation fails now and
+# then (docs/testing.md, "The test host"): when a boot fails, the test host
+# boots again with only the items that did not pass, up to
+# TESTHOST_ATTEMPTS boots, each failure printed with its console. A fault
+# of ours fails every boot.
 #
 # Environment: TESTHOST_KERNEL (the test host's vmlinux; default: what
 # `kernels/build.sh --flavor testhost` prints, building it if needed),
 # AGENTVM_KERNEL (the guest kernel; default: what `kernels/build.sh`
 # prints), AGENTVM_TSC_KHZ (host TSC in kHz), TESTHOST_TIMEOUT (seconds
 # before QEMU is killed, default 1500), TESTHOST_LOG (a file to copy the
-# console to), TESTHOST_ATTEMPTS (boots of the test host before a failure
-# stands, default 2: see boot_testhost's caller), TESTHOST_APPEND (more
-# test-host kernel parameters).
+# console to; each boot's goes to TESTHOST_LOG.N), TESTHOST_ATTEMPTS (boots
+# of the test host before a failure stands, default 3), TESTHOST_APPEND
+# (more test-host kernel parameters), TESTHOST_ONLY (an extended regular
+# expression: only the items whose names match run, for a developer's
+# repeated runs; `make test-builtin` leaves it unset).
 set -euo pipefail
 
 readonly MARK=agentvm-testhost
-# The steps the test host runs, in order; each must report `pass`.
-readonly STEPS=(kvm-amd-nested-paging real-kvm-tests linux-under-builtin-vmm
-    microvm-tier-under-builtin-vmm network-under-builtin-vmm)
-# The microvm tier's own tests (tests/microvm.rs) that run with
-# vmm = "builtin": a container's whole life in a microVM of the builtin
-# VMM. The others drive QEMU's processes (its jail, its pid killed, its
-# balloon) and say so when run under the builtin VMM.
+# The builtin VMM's tests in agentvm's unit-test binary that need a
+# hardware-style KVM (module paths; each test in them is an item).
+readonly KVM_MODULE=microvm::vmm::builtin::kvm_tests
+readonly LINUX_MODULE=microvm::vmm::builtin::linux_tests
 readonly MICROVM_TESTS=(
     run_boots_its_own_kernel_and_returns_the_exit_code
     lifecycle_with_exec_inside_the_guest
@@ -68,10 +75,10 @@ readonly NETWORK_TESTS=(
 )
 repo=$(dirname "$(dirname "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")")")
 timeout_s=${TESTHOST_TIMEOUT:-1500}
-# Seconds a step may run inside the test host before it is killed (its
-# tests take seconds, the microvm tier's a few minutes: each boots nested
-# guests; a hung one must not hold the whole run).
-readonly STEP_TIMEOUT=900
+# Seconds an item may run inside the test host before it is killed (each
+# takes seconds, a Linux guest's up to a minute; a hung one must not hold
+# the whole run).
+readonly ITEM_TIMEOUT=300
 passed=0
 failed=0
 
@@ -177,27 +184,33 @@ echo "$MARK: booted \$(cut -d' ' -f1 /proc/uptime)"
 EOF
 }
 
-# The test host's /init.
+# The test host's /init: runs /plan, which the host writes for each boot
+# (plan_items) as calls of `check` and `one`.
 write_init() {
     {
         init_head
         cat <<EOF
 passed=0
 failed=0
-# step NAME COMMAND...: runs COMMAND with its output on the console as it
-# comes (if the test host dies mid-step, the log shows how far it got); the
-# step fails on a non-zero status or a test's 'skipped:' (at a line's start
-# or after the harness's 'test NAME ... ') in its output.
-step() {
+# item NAME COMMAND...: runs COMMAND with its output on the console as it
+# comes (if the test host dies mid-item, the log shows how far it got);
+# the item fails on a non-zero status or a test's 'skipped:' (at a line's
+# start or after the harness's 'test NAME ... ') in its output and, when
+# \$want_one is set, unless the harness ran and passed exactly one test (a
+# name that matches nothing runs nothing, successfully).
+item() {
     name=\$1; shift
     echo "$MARK: begin \$name"
     t0=\$(cut -d' ' -f1 /proc/uptime)
-    # A program (not a shell function) is killed after $STEP_TIMEOUT s.
+    # A program (not a shell function) is killed after $ITEM_TIMEOUT s.
     killer=""
-    [ -x "\$1" ] && killer="timeout -s KILL $STEP_TIMEOUT"
-    { \$killer "\$@"; echo \$? >/tmp/step.rc; } 2>&1 | tee /tmp/step.out
-    rc=\$(cat /tmp/step.rc)
-    if [ \$rc = 0 ] && grep -qE '(^|\.\.\. )skipped:' /tmp/step.out; then rc=skipped; fi
+    [ -x "\$1" ] && killer="timeout -s KILL $ITEM_TIMEOUT"
+    { \$killer "\$@"; echo \$? >/tmp/item.rc; } 2>&1 | tee /tmp/item.out
+    rc=\$(cat /tmp/item.rc)
+    if [ \$rc = 0 ] && grep -qE '(^|\.\.\. )skipped:' /tmp/item.out; then rc=skipped; fi
+    if [ \$rc = 0 ] && [ -n "\$want_one" ] && ! grep -q '^test result: ok\. 1 passed;' /tmp/item.out; then
+        rc=not-one-test
+    fi
     t=\$(awk -v a="\$t0" -v b="\$(cut -d' ' -f1 /proc/uptime)" 'BEGIN { printf "%.2f", b - a }')
     if [ "\$rc" = 0 ]; then
         passed=\$((passed + 1)); echo "$MARK: pass \$name \$t"
@@ -205,6 +218,10 @@ step() {
         failed=\$((failed + 1)); echo "$MARK: fail \$name \$t rc=\$rc"
     fi
 }
+# check NAME COMMAND...: an item that is not a test.
+check() { want_one=""; item "\$@"; }
+# one TEST BINARY ARGS...: the one test TEST of a test binary.
+one() { want_one=1; name=\$1; bin=\$2; shift 2; item "\$name" "\$bin" "\$@" --exact "\$name"; }
 kvm_amd() {
     [ -c /dev/kvm ] || { echo "no /dev/kvm"; return 1; }
     [ -d /sys/module/kvm_amd ] || { echo "kvm_amd is not loaded"; return 1; }
@@ -214,22 +231,48 @@ kvm_amd() {
     [ "\$npt" = Y ] || [ "\$npt" = 1 ]
 }
 export AGENTVM_KERNEL=/guest/vmlinux
-step kvm-amd-nested-paging kvm_amd
-step real-kvm-tests /bin/agentvm-tests --test-threads=1 --nocapture microvm::vmm::builtin::kvm_tests
-step linux-under-builtin-vmm /bin/agentvm-tests --test-threads=1 --nocapture microvm::vmm::builtin::linux_tests
-# The microvm tier's own tests, each container in a microVM of the builtin
+# The microvm tier's tests put each container in a microVM of the builtin
 # VMM (/init stays pid 1 in the root cgroup; the containers get theirs).
-# --show-output, not --nocapture: each test's "test NAME ... ok" line stays
-# whole (the host checks every name), and what a test printed, a
-# 'skipped:' among it, still reaches the console.
 export AGENTVM_TEST_VMM=builtin AGENTVM_TEST_BINARY=/bin/agentvm
-step microvm-tier-under-builtin-vmm /bin/microvm-tests --test-threads=1 --show-output --exact ${MICROVM_TESTS[*]}
-step network-under-builtin-vmm /bin/network-tests --test-threads=1 --show-output --exact ${NETWORK_TESTS[*]}
+. /plan
 echo "$MARK: done passed=\$passed failed=\$failed"
 reboot -f
 EOF
     } >"$1"
     chmod 0755 "$1"
+}
+
+# The items of a run, in order: parallel arrays of a name and the /plan line
+# that runs it. Kinds: the KVM check, the builtin VMM's real-KVM and Linux
+# tests (agentvm's unit-test binary, listed by module; --nocapture: a Linux
+# test copies the nested guest's console as it grows), the microvm tier's
+# tests (--show-output: each test's "test NAME ... ok" line stays whole and
+# what it printed, a 'skipped:' among it, still reaches the console).
+item_names=()
+item_lines=()
+add_item() {
+    [[ -z ${TESTHOST_ONLY:-} || $1 =~ $TESTHOST_ONLY ]] || return 0
+    item_names+=("$1")
+    item_lines+=("$2")
+}
+list_items() {
+    local tests=$1 module t found
+    add_item kvm-amd-nested-paging "check kvm-amd-nested-paging kvm_amd"
+    for module in "$KVM_MODULE" "$LINUX_MODULE"; do
+        found=0
+        while IFS= read -r t; do
+            [[ -n $t ]] || continue
+            add_item "$t" "one $t /bin/agentvm-tests --test-threads=1 --nocapture"
+            found=1
+        done < <("$tests" --list --format terse "$module" 2>/dev/null | sed -n "s/^\\($module::[A-Za-z0-9_:]*\\): test\$/\\1/p")
+        [[ $found == 1 ]] || { fail "no test in $module in $tests"; finish; }
+    done
+    for t in "${MICROVM_TESTS[@]}"; do
+        add_item "$t" "one $t /bin/microvm-tests --test-threads=1 --show-output"
+    done
+    for t in "${NETWORK_TESTS[@]}"; do
+        add_item "$t" "one $t /bin/network-tests --test-threads=1 --show-output"
+    done
 }
 
 # The /init of `--bench`: part (f) of `make bench` (benches/compare/
@@ -249,11 +292,18 @@ EOF
     chmod 0755 "$1"
 }
 
-# boot_testhost TMP QEMU...: boots the test host once, streams its console
-# and checks each step's line, counting into passed/failed.
+# What the boots found: for each item name, its time in the test host once
+# it passed (passed_in) and the failures before (history); for the last
+# boot, whether it reached /init and ended cleanly (boot_clean).
+declare -A passed_in=() history=()
+boot_clean=0
+
+# boot_testhost TMP ATTEMPT QEMU...: boots the test host once with the
+# plan of the items in `pending`, streams its console and checks each
+# item's line and the boot's own start and end.
 boot_testhost() {
-    local tmp=$1
-    shift
+    local tmp=$1 attempt=$2
+    shift 2
     local t_start t_boot="" t_end line qemu_rc
     rm -f "$tmp/t_boot" "$tmp/console.log" "$tmp/qemu.err"
     t_start=$EPOCHREALTIME
@@ -271,37 +321,44 @@ boot_testhost() {
     set -e
     t_end=$EPOCHREALTIME
     t_boot=$(cat "$tmp/t_boot" 2>/dev/null || true)
-    [[ -z ${TESTHOST_LOG:-} ]] || cp "$tmp/console.log" "$TESTHOST_LOG"
+    [[ -z ${TESTHOST_LOG:-} ]] || cp "$tmp/console.log" "$TESTHOST_LOG.$attempt"
     [[ ! -s $tmp/qemu.err ]] || { log "QEMU's stderr:"; sed 's/^/  ! /' "$tmp/qemu.err"; }
 
+    boot_clean=1
     if [[ -n $t_boot ]]; then
-        pass "test host reached its /init $(awk -v a="$t_start" -v b="$t_boot" 'BEGIN { printf "%.2f", b - a }') s after QEMU start"
+        log "boot $attempt: the test host reached its /init $(awk -v a="$t_start" -v b="$t_boot" 'BEGIN { printf "%.2f", b - a }') s after QEMU start"
     else
-        fail "the test host's /init never reported (see the console above)"
+        boot_clean=0
+        log "boot $attempt: FAIL the test host's /init never reported (see the console above)"
     fi
-    local name result
-    for name in "${STEPS[@]}"; do
+    local i name result
+    for i in "${pending[@]}"; do
+        name=${item_names[i]}
         result=$(grep -m1 -E "^$MARK: (pass|fail) $name " "$tmp/console.log" || true)
         case $result in
-            "$MARK: pass $name "*) pass "$name (${result##* } s in the test host)" ;;
-            "") fail "$name: no result (the test host stopped early?)" ;;
-            *) fail "$name: ${result#"$MARK: fail $name "}" ;;
+            "$MARK: pass $name "*) passed_in[$name]=${result##* } ;;
+            "") history[$name]+="boot $attempt: no result (the test host stopped early?); " ;;
+            *)
+                result=${result#"$MARK: fail $name "}
+                history[$name]+="boot $attempt: ${result#* } after ${result%% *} s; "
+                ;;
         esac
     done
-    # Each test named for a step ran and passed under the builtin VMM (a
-    # name that matches nothing would make --exact run nothing).
-    for name in "${MICROVM_TESTS[@]}" "${NETWORK_TESTS[@]}"; do
-        if grep -qE "^test $name \.\.\. ok\s*\$" "$tmp/console.log"; then
-            pass "$name under the builtin VMM"
-        else
-            fail "$name under the builtin VMM: not reported ok"
-        fi
-    done
     if [[ $qemu_rc == 0 ]] && grep -q "^$MARK: done " "$tmp/console.log"; then
-        pass "test host ran reboot -f; QEMU exited 0 after $(awk -v a="$t_start" -v b="$t_end" 'BEGIN { printf "%.2f", b - a }') s"
+        log "boot $attempt: the test host ran reboot -f; QEMU exited 0 after $(awk -v a="$t_start" -v b="$t_end" 'BEGIN { printf "%.2f", b - a }') s"
     else
-        fail "QEMU exit status $qemu_rc (124: killed after ${timeout_s}s); done line: $(grep -c "^$MARK: done " "$tmp/console.log" || true)"
+        boot_clean=0
+        log "boot $attempt: FAIL QEMU exit status $qemu_rc (124: killed after ${timeout_s}s); done line: $(grep -c "^$MARK: done " "$tmp/console.log" || true)"
     fi
+}
+
+# write_plan FILE: the /plan of the items in `pending`.
+write_plan() {
+    local i
+    {
+        printf '# the items of this boot\n'
+        for i in "${pending[@]}"; do printf '%s\n' "${item_lines[i]}"; done
+    } >"$1"
 }
 
 # static_binaries BIN...: each must exist and be static (the test host has
@@ -419,19 +476,40 @@ main() {
     cp "$microvm_tests" "$tmp/root/bin/microvm-tests"
     cp "$network_tests" "$tmp/root/bin/network-tests"
     write_init "$tmp/root/init"
-    pack_initramfs
-    log "test host kernel $host_kernel, guest kernel $guest_kernel, tests $tests"
-    local attempt attempts=${TESTHOST_ATTEMPTS:-2}
+    list_items "$tests"
+    [[ ${#item_names[@]} != 0 ]] || { fail "no item matches TESTHOST_ONLY=${TESTHOST_ONLY:-}"; finish; }
+    log "test host kernel $host_kernel, guest kernel $guest_kernel, tests $tests: ${#item_names[@]} items"
+    local attempt attempts=${TESTHOST_ATTEMPTS:-3} i
+    pending=("${!item_names[@]}")
     for ((attempt = 1; attempt <= attempts; attempt++)); do
-        passed=0
-        failed=0
-        boot_testhost "$tmp" "${qemu[@]}"
-        [[ $failed != 0 && $attempt -lt $attempts ]] || break
-        # The test host is an emulated machine whose SVM emulation still
-        # fails now and then (see above): one more boot, said out loud. A
-        # failure of ours fails both.
-        log "attempt $attempt of $attempts FAILED ($failed failed, see above); the test host boots again"
+        write_plan "$tmp/root/plan"
+        pack_initramfs
+        log "boot $attempt of at most $attempts: ${#pending[@]} items"
+        boot_testhost "$tmp" "$attempt" "${qemu[@]}"
+        local left=()
+        for i in "${pending[@]}"; do
+            [[ -n ${passed_in[${item_names[i]}]:-} ]] || left+=("$i")
+        done
+        pending=("${left[@]}")
+        [[ ${#pending[@]} != 0 || $boot_clean == 0 ]] || break
+        [[ $attempt -lt $attempts ]] || break
+        # The emulated SVM fails now and then (see the top): the items that
+        # did not pass run again in a new boot, said out loud.
+        log "boot $attempt of $attempts FAILED (${#pending[@]} items did not pass, see above); the test host boots again with those"
     done
+    for i in "${!item_names[@]}"; do
+        name=${item_names[i]}
+        if [[ -n ${passed_in[$name]:-} ]]; then
+            pass "$name (${passed_in[$name]} s in the test host${history[$name]:+; before: ${history[$name]%; }})"
+        else
+            fail "$name: ${history[$name]%; }"
+        fi
+    done
+    if [[ $boot_clean == 1 ]]; then
+        pass "the last boot started and ended cleanly"
+    else
+        fail "the last boot did not start or end cleanly (see above)"
+    fi
     finish
 }
 
