@@ -17,7 +17,7 @@
 # Cache: $AGENTVM_KERNEL_CACHE (default /var/cache/agentvm/kernels)/<key>/
 #   vmlinux, config (the final .config), key-inputs (what the key hashes),
 #   build.log, build-info (durations). <key> is the first 16 hex digits of the sha256 of key-inputs:
-#   the flavor, the sha256 of each config fragment applied and of this script, the version of the
+#   the flavor, the sha256 of each config fragment applied, of each patch and of this script, the version of the
 #   linux-source-6.1 package, and the gcc and ld versions. A cache hit does no
 #   work beyond hashing; a miss builds in a temporary directory (under $TMPDIR,
 #   default /tmp) that is removed on exit, and concurrent runs for the same key
@@ -37,6 +37,10 @@ script_dir=$(dirname "$script_path")
 flavor=guest
 # The fragments of the flavor, applied in this order (set by set_flavor).
 fragments=("$script_dir/config-x86_64.fragment")
+# Source patches (patch -p1), applied in name order to both flavors.
+shopt -s nullglob
+patches=("$script_dir"/patches/*.patch)
+shopt -u nullglob
 cache_root=${AGENTVM_KERNEL_CACHE:-/var/cache/agentvm/kernels}
 jobs=${AGENTVM_KERNEL_JOBS:-$(nproc)}
 config_only=0
@@ -78,6 +82,10 @@ key_inputs() {
     local fragment
     for fragment in "${fragments[@]}"; do
         printf 'fragment-sha256 %s\n' "$(sha256sum <"$fragment" | cut -d' ' -f1)"
+    done
+    local patch
+    for patch in "${patches[@]}"; do
+        printf 'patch %s sha256 %s\n' "$(basename "$patch")" "$(sha256sum <"$patch" | cut -d' ' -f1)"
     done
     printf 'build-script-sha256 %s\n' "$(sha256sum <"$script_path" | cut -d' ' -f1)"
     printf '%s %s\n' "$SRC_PKG" "$src_version"
@@ -160,6 +168,11 @@ build_into() {
     srcdir="$work/${SRC_PKG}"
     [[ -d $srcdir ]] || die "$SRC_TARBALL did not contain ${SRC_PKG}/"
     cd "$srcdir"
+    local patch
+    for patch in "${patches[@]}"; do
+        log "applying $(basename "$patch")"
+        run_logged "$logfile" patch -p1 --forward --no-backup-if-mismatch -i "$patch"
+    done
     log "configuring ($flavor): make tinyconfig + ${fragments[*]} + olddefconfig (x2)"
     run_logged "$logfile" make ARCH="$KARCH" tinyconfig
     apply_fragment
@@ -195,6 +208,10 @@ main() {
     local fragment
     for fragment in "${fragments[@]}"; do
         [[ -r $fragment ]] || die "config fragment $fragment not found"
+    done
+    local patch
+    for patch in "${patches[@]}"; do
+        [[ -r $patch ]] || die "kernel patch $patch not found"
     done
     local inputs key final
     inputs=$(key_inputs)
