@@ -34,8 +34,10 @@
 # The test host is an emulated machine whose SVM emulation fails now and
 # then (docs/testing.md, "The test host"): when a boot fails, the test host
 # boots again with only the items that did not pass, up to
-# TESTHOST_ATTEMPTS boots, each failure printed with its console. A fault
-# of ours fails every boot.
+# TESTHOST_ATTEMPTS boots, each failure printed with its console. An item
+# that reports a failure twice is not tried again: a fault of ours fails
+# every boot, and a flaky test of ours fails twice far more often than the
+# emulation hits the same test twice.
 #
 # Environment: TESTHOST_KERNEL (the test host's vmlinux; default: what
 # `kernels/build.sh --flavor testhost` prints, building it if needed),
@@ -293,9 +295,11 @@ EOF
 }
 
 # What the boots found: for each item name, its time in the test host once
-# it passed (passed_in) and the failures before (history); for the last
-# boot, whether it reached /init and ended cleanly (boot_clean).
-declare -A passed_in=() history=()
+# it passed (passed_in), the failures before (history) and how many of them
+# the item reported itself (failures: not counting a test host that died
+# before the item's end); for the last boot, whether it reached /init and
+# ended cleanly (boot_clean).
+declare -A passed_in=() history=() failures=()
 boot_clean=0
 
 # boot_testhost TMP ATTEMPT QEMU...: boots the test host once with the
@@ -341,6 +345,7 @@ boot_testhost() {
             *)
                 result=${result#"$MARK: fail $name "}
                 history[$name]+="boot $attempt: ${result#* } after ${result%% *} s; "
+                failures[$name]=$((${failures[$name]:-0} + 1))
                 ;;
         esac
     done
@@ -478,24 +483,28 @@ main() {
     write_init "$tmp/root/init"
     list_items "$tests"
     [[ ${#item_names[@]} != 0 ]] || { fail "no item matches TESTHOST_ONLY=${TESTHOST_ONLY:-}"; finish; }
-    log "test host kernel $host_kernel, guest kernel $guest_kernel, tests $tests: ${#item_names[@]} items"
+    log "test host kernel $host_kernel, guest kernel $guest_kernel, tests $tests, items: ${#item_names[@]}"
     local attempt attempts=${TESTHOST_ATTEMPTS:-3} i
     pending=("${!item_names[@]}")
     for ((attempt = 1; attempt <= attempts; attempt++)); do
         write_plan "$tmp/root/plan"
         pack_initramfs
-        log "boot $attempt of at most $attempts: ${#pending[@]} items"
+        log "boot $attempt of at most $attempts, items to run: ${#pending[@]}"
         boot_testhost "$tmp" "$attempt" "${qemu[@]}"
         local left=()
         for i in "${pending[@]}"; do
-            [[ -n ${passed_in[${item_names[i]}]:-} ]] || left+=("$i")
+            name=${item_names[i]}
+            # An item that failed twice on its own has had its chance: an
+            # emulation fault hits the same test twice rarely, a flaky
+            # test of ours often.
+            [[ -n ${passed_in[$name]:-} || ${failures[$name]:-0} -ge 2 ]] || left+=("$i")
         done
         pending=("${left[@]}")
         [[ ${#pending[@]} != 0 || $boot_clean == 0 ]] || break
         [[ $attempt -lt $attempts ]] || break
         # The emulated SVM fails now and then (see the top): the items that
         # did not pass run again in a new boot, said out loud.
-        log "boot $attempt of $attempts FAILED (${#pending[@]} items did not pass, see above); the test host boots again with those"
+        log "boot $attempt of $attempts FAILED, items that did not pass: ${#pending[@]} (see above); the test host boots again with those"
     done
     for i in "${!item_names[@]}"; do
         name=${item_names[i]}
