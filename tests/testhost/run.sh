@@ -56,6 +56,10 @@ readonly MARK=agentvm-testhost
 # hardware-style KVM (module paths; each test in them is an item).
 readonly KVM_MODULE=microvm::vmm::builtin::kvm_tests
 readonly LINUX_MODULE=microvm::vmm::builtin::linux_tests
+# The microvm tier's own tests (tests/microvm.rs) that run with
+# vmm = "builtin": a container's whole life in a microVM of the builtin
+# VMM. The others drive QEMU's processes (its jail, its pid killed, its
+# balloon) and say so when run under the builtin VMM.
 readonly MICROVM_TESTS=(
     run_boots_its_own_kernel_and_returns_the_exit_code
     lifecycle_with_exec_inside_the_guest
@@ -187,7 +191,7 @@ EOF
 }
 
 # The test host's /init: runs /plan, which the host writes for each boot
-# (plan_items) as calls of `check` and `one`.
+# (write_plan) as calls of `check` and `one`.
 write_init() {
     {
         init_head
