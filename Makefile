@@ -21,6 +21,7 @@ all: build
 
 deps:
 	scripts/install-deps.sh
+	scripts/install-criu.sh
 
 build:
 	$(CARGO) build $(CARGO_PROFILE_FLAG) --locked -p agentvm -p agentvm-shim

@@ -17,9 +17,11 @@ PACKAGES=(
   busybox-static iproute2 iptables nftables dnsmasq-base socat jq procps util-linux psmisc
   # the microvm tier: QEMU, and what virtiofsd builds against
   qemu-system-x86 libcap-ng-dev cpio e2fsprogs
-  # checkpoint in the container tier, as runc's (the conformance case
-  # `checkpoint`; CRIU 3.17 cannot dump on every kernel, which the case checks)
-  criu
+  # checkpoint and restore in the container tier, as runc's: Debian's
+  # criu, and what scripts/install-criu.sh builds CRIU 4.1 from Debian's
+  # source with (bookworm's 3.17 cannot start on newer kernels)
+  criu curl libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler python3-protobuf
+  libnl-3-dev libnl-route-3-dev libcap-dev libnet1-dev libbsd-dev libnftables-dev libaio-dev
   # the benchmark's network part (make bench)
   iperf3 wrk
   # the guest kernel (kernels/build.sh)

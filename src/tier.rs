@@ -144,8 +144,9 @@ pub trait Tier {
             ": no CRIU or VM snapshot support yet",
         ))
     }
-    /// `restore`: a container made from a checkpoint's images.
-    fn restore(&self, _ctx: &Context, _req: &RestoreRequest) -> Result<()> {
+    /// `restore`: a container made from a checkpoint's images, running;
+    /// returns its init's pid, a child of ours.
+    fn restore(&self, _ctx: &Context, _req: &RestoreRequest) -> Result<Pid> {
         Err(TierError::unsupported(
             "restore",
             self.isolation(),
@@ -192,11 +193,28 @@ pub struct CheckpointRequest {
     pub cgroups_mode: CgroupsMode,
 }
 
-/// What `restore` asks for.
+/// What `restore` asks for, with runc's defaults filled in.
 pub struct RestoreRequest<'a> {
     pub id: &'a str,
     pub bundle: &'a Bundle,
+    /// Where the checkpoint's images are (runc: `./checkpoint`).
     pub image_path: PathBuf,
+    /// CRIU's work files and `restore.log` (the image path without it).
+    pub work_path: Option<PathBuf>,
+    pub console_socket: Option<PathBuf>,
+    pub pid_file: Option<PathBuf>,
+    pub tcp_established: bool,
+    pub ext_unix_sk: bool,
+    pub shell_job: bool,
+    pub file_locks: bool,
+    pub auto_dedup: bool,
+    pub lazy_pages: bool,
+    /// Namespaces to create empty (runc: `network` only).
+    pub empty_ns: Vec<String>,
+    pub lsm_profile: Option<String>,
+    pub lsm_mount_context: Option<String>,
+    /// Soft unless given, as in runc.
+    pub cgroups_mode: CgroupsMode,
 }
 
 /// The implementation of a tier.

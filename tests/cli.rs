@@ -409,3 +409,167 @@ fn events_since_create_reports_a_kill_that_already_stopped_the_container() {
     f.agentvm(&["delete", &id]).ok();
     assert_nothing_left(&f, &id);
 }
+
+/// Whether CRIU can run on this host (`criu check`): `Err(why)` if not.
+fn criu_works() -> Result<(), String> {
+    match std::process::Command::new("criu")
+        .arg("check")
+        .stdin(std::process::Stdio::null())
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "criu check failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("no criu: {e}")),
+    }
+}
+
+/// Runs an agentvm command whose container keeps its stdio: pipes, as a
+/// shim gives (CRIU dumps pipes; a host file it could not reopen). The
+/// command is waited for without reading them to their end; its stderr is
+/// read only when it failed (no container holds the pipe then).
+fn with_pipes(f: &Fixture, args: &[&str]) -> (i32, String, std::process::Child) {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = f
+        .command(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn agentvm");
+    let status = child.wait().expect("wait");
+    let mut err = String::new();
+    if !status.success() {
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+    }
+    (status.code().unwrap_or(-1), err, child)
+}
+
+/// `checkpoint`, then `restore`, bring the workload back where it was: its
+/// counter goes on from the value it had (a fresh start would count from
+/// 1), with its bind mount, in its cgroup; the restored container is then
+/// like any other (state, exec, kill, delete), and what restore refuses
+/// leaves nothing behind. Compared with runc in the conformance case
+/// `checkpoint`.
+#[test]
+fn checkpoint_and_restore_bring_the_workload_back() {
+    if skip_unless_root() {
+        return;
+    }
+    if let Err(why) = criu_works() {
+        println!("skipped: {why}");
+        return;
+    }
+    let f = Fixture::new();
+    let shared = f.dir.path().join("shared");
+    std::fs::create_dir(&shared).expect("shared dir");
+    f.write_config(
+        &[
+            "sh",
+            "-c",
+            "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done",
+        ],
+        |c| {
+            c["mounts"]
+                .as_array_mut()
+                .expect("mounts")
+                .push(serde_json::json!({
+                    "destination": "/tmp", "type": "bind",
+                    "source": shared, "options": ["rbind", "rw"]
+                }))
+        },
+    );
+    let counter = || -> u64 {
+        std::fs::read_to_string(shared.join("n"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let id = common::unique_name("cr");
+    let bundle = f.bundle();
+    let bundle = bundle.to_str().expect("utf-8");
+    let (code, err, _pipes) = with_pipes(&f, &["run", "-d", "--bundle", bundle, &id]);
+    assert_eq!(code, 0, "run -d: {err}");
+    assert!(
+        common::wait_for(20, || (counter() >= 10).then_some(())).is_some(),
+        "the workload did not count"
+    );
+    let images = f.dir.path().join("images");
+    let images = images.to_str().expect("utf-8");
+    f.agentvm(&["checkpoint", "--image-path", images, &id]).ok();
+    assert!(
+        f.leftovers().is_empty(),
+        "checkpoint left {:?}",
+        f.leftovers()
+    );
+    let saved = counter();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(counter(), saved, "the workload ran on after its checkpoint");
+
+    let (code, err, _pipes2) = with_pipes(
+        &f,
+        &[
+            "restore",
+            "-d",
+            "--image-path",
+            images,
+            "--bundle",
+            bundle,
+            &id,
+        ],
+    );
+    assert_eq!(code, 0, "restore: {err}");
+    let st = f.state(&id);
+    assert_eq!(st["status"], "running", "{st}");
+    let pid = st["pid"].as_i64().expect("pid");
+    let first = common::wait_for(10, || {
+        let n = counter();
+        (n != saved).then_some(n)
+    })
+    .expect("the restored workload does not count");
+    assert!(
+        first > saved,
+        "the restored workload counts from {first}, not on from {saved}"
+    );
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    assert!(cgroup.contains(&id), "not in its cgroup:\n{cgroup}");
+    let ps = f.agentvm(&["exec", &id, "cat", "/proc/1/cmdline"]).ok();
+    assert!(ps.stdout.starts_with("sh\0-c"), "{ps}");
+
+    // A second restore of the running id, and one from nowhere, are refused.
+    let out = f.agentvm(&[
+        "restore",
+        "-d",
+        "--image-path",
+        images,
+        "--bundle",
+        bundle,
+        &id,
+    ]);
+    assert_one_clear_error(&f, &out, "already exists");
+    let other = common::unique_name("cr-none");
+    let missing = f.dir.path().join("no-images");
+    let out = f.agentvm(&[
+        "restore",
+        "-d",
+        "--image-path",
+        missing.to_str().expect("utf-8"),
+        "--bundle",
+        bundle,
+        &other,
+    ]);
+    assert_one_clear_error(&f, &out, "cannot open the image directory");
+    assert!(!f.root().join(&other).exists());
+
+    f.agentvm(&["kill", &id, "KILL"]).ok();
+    let stopped = common::wait_for(10, || (f.state(&id)["status"] == "stopped").then_some(()));
+    assert!(stopped.is_some(), "the restored container did not stop");
+    f.agentvm(&["delete", &id]).ok();
+    assert_nothing_left(&f, &id);
+    assert_nothing_left(&f, &other);
+}

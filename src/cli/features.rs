@@ -184,7 +184,7 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
             "io.agentvm.isolation.microvm": microvm,
             "io.agentvm.microvm.vmm": vmm,
             "io.agentvm.microvm.vmm.builtin": builtin,
-            "io.agentvm.checkpoint": "container tier: checkpoint through CRIU (libcontainer's dump), restore not supported yet; microvm tier: neither supported yet",
+            "io.agentvm.checkpoint": "container tier: checkpoint (libcontainer's CRIU dump) and restore (agentvm's, through CRIU's RPC as runc drives it), with the criu on PATH; microvm tier: neither supported yet (a VM snapshot is the equivalent)",
             "io.agentvm.audit": audit,
             "io.agentvm.microvm.kernel": config.microvm.kernel.as_ref().map_or_else(|| "not configured".to_string(), |k| k.display().to_string()),
         },

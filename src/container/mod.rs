@@ -27,6 +27,7 @@ pub mod cgroups;
 pub mod checkpoint;
 pub mod console;
 pub mod create;
+mod criu;
 pub mod cwd;
 pub mod delete;
 pub mod egress;
@@ -39,6 +40,7 @@ pub mod idmap;
 pub mod lsm;
 pub mod notify;
 pub mod overlay;
+pub mod restore;
 mod runtime;
 pub(crate) mod sys;
 pub mod tty;
@@ -72,6 +74,8 @@ pub enum ContainerError {
     Notify(#[from] notify::NotifyError),
     #[error(transparent)]
     Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error(transparent)]
+    Restore(#[from] restore::RestoreError),
     #[error("cannot read process file {path}: {message}")]
     ProcessFile { path: PathBuf, message: String },
     #[error(transparent)]

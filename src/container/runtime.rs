@@ -133,12 +133,8 @@ impl tier::Tier for Tier {
         Ok(())
     }
 
-    fn restore(&self, _ctx: &Context, _req: &RestoreRequest) -> tier::Result<()> {
-        Err(tier::TierError::unsupported(
-            "restore",
-            Isolation::Container,
-            ": libcontainer 0.7 has no CRIU restore and agentvm's own is not written yet",
-        ))
+    fn restore(&self, ctx: &Context, req: &RestoreRequest) -> tier::Result<Pid> {
+        Ok(super::restore::restore(ctx, req)?)
     }
 
     fn pause(&self, ctx: &Context, id: &str) -> tier::Result<()> {

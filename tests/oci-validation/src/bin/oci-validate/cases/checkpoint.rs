@@ -2,14 +2,22 @@
 //!
 //! What is checked depends on whether CRIU can run on this host (`criu
 //! check`), a fact of the host, not of the runtime: where it can, a
-//! checkpoint removes the container and a restore brings it back running;
-//! where it cannot (CRIU 3.17 on a kernel whose vDSO layout it does not
-//! know), the checkpoint fails with `criu failed: ...` and CRIU's log,
-//! and the container goes on running. A created container is refused in
-//! runc's words either way.
+//! checkpoint stops the workload and removes the container, and a restore
+//! brings the same workload back running where it was (a counter it
+//! writes to a bind mount goes on from its value, where a fresh start
+//! would count from 1); the restored container is killed and deleted like
+//! any other; a second restore of its id, and one from a directory with no
+//! images, are refused and leave nothing. Where CRIU cannot run (CRIU 3.17
+//! on a kernel whose vDSO layout it does not know), the checkpoint fails
+//! with `criu failed: ...` and CRIU's log, and the container goes on
+//! running. A created container is refused in runc's words either way.
+//!
+//! The container gets pipes for its stdio, as a shim gives it: CRIU saves
+//! pipes, and cannot reopen a host file it did not see mounted.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use anyhow::Result;
 
@@ -17,6 +25,15 @@ use super::{CaseFn, Ctx};
 use crate::report::Outcome;
 
 pub const CASES: &[(&str, CaseFn)] = &[("checkpoint", checkpoint)];
+
+const DUMP: &str = "checkpoint of a running container";
+const RESTORE: &str = "restore from the images";
+const GOES_ON: &str = "restore: the workload goes on from where it was";
+const STOPPED: &str = "checkpoint: the workload stops with it";
+const LIFECYCLE: &str = "restore: the restored container is killed and deleted as any other";
+const TWICE: &str = "restore of an id in use is refused and the first goes on";
+const NO_IMAGES: &str = "restore from a directory without images fails and leaves no container";
+const FAILED: &str = "a failed restore leaves no container";
 
 /// Whether CRIU runs here: `Err(why)` when it does not.
 fn criu_works() -> Result<(), String> {
@@ -35,9 +52,59 @@ fn criu_works() -> Result<(), String> {
     }
 }
 
+/// A runtime command run with pipes for its stdio, which a container it
+/// starts keeps (the harness never reads them to their end). Its exit code
+/// (`None` on a timeout, after which it is killed), and its stderr when it
+/// failed (then no container holds the pipe). The child is kept so that
+/// the pipes stay open while the container runs.
+fn with_pipes(ctx: &Ctx, args: &[&str]) -> Result<(Option<i32>, String, Child)> {
+    use std::io::Read;
+    let mut child = ctx
+        .rt
+        .command(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    crate::reaper::register(child.id());
+    let status = crate::runtime::wait_timeout(&mut child, Duration::from_secs(60))?;
+    crate::reaper::unregister(child.id());
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Ok((None, "timed out".into(), child));
+    };
+    let mut err = String::new();
+    if !status.success() {
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+    }
+    Ok((status.code(), err, child))
+}
+
+fn counter(dir: &Path) -> u64 {
+    std::fs::read_to_string(dir.join("n"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Polls `f` for up to `secs` seconds.
+fn poll<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        crate::reaper::tick(Duration::from_millis(20));
+    }
+}
+
 fn checkpoint(ctx: &mut Ctx) -> Result<()> {
-    const DUMP: &str = "checkpoint of a running container";
-    const RESTORE: &str = "restore from the images";
     let criu = match Command::new("criu").arg("--version").output() {
         Ok(o) if o.status.success() => criu_works(),
         _ => {
@@ -47,7 +114,12 @@ fn checkpoint(ctx: &mut Ctx) -> Result<()> {
                     &format!("{DUMP}: CRIU ran"),
                     &format!("{DUMP}: the container's state after it"),
                     &format!("{RESTORE}: runs, or fails as CRIU did"),
-                    "a failed restore leaves no container",
+                    STOPPED,
+                    GOES_ON,
+                    LIFECYCLE,
+                    TWICE,
+                    NO_IMAGES,
+                    FAILED,
                 ],
                 "criu is not installed",
             );
@@ -55,12 +127,24 @@ fn checkpoint(ctx: &mut Ctx) -> Result<()> {
         }
     };
 
+    let shared = ctx.scratch("counter")?;
     let mut b = ctx.bundle()?;
-    b.args(&["/bin/sleep", "600"]);
+    b.args(&[
+        "/bin/sh",
+        "-c",
+        "i=0; while :; do i=$((i+1)); echo $i > /counter/n; sleep 0.05; done",
+    ]);
+    b.push(
+        "/mounts",
+        serde_json::json!({
+            "destination": "/counter", "type": "bind",
+            "source": shared, "options": ["rbind", "rw"]
+        }),
+    );
     b.write()?;
     let id = ctx.id();
-    let out = ctx.rt.run(&["create", "--bundle", &b.dir_str(), &id])?;
-    anyhow::ensure!(out.success(), "create: {}", out.describe());
+    let (code, err, _created) = with_pipes(ctx, &["create", "--bundle", &b.dir_str(), &id])?;
+    anyhow::ensure!(code == Some(0), "create: {code:?}: {err}");
     let dir = ctx.scratch("checkpoint")?;
     let created_images = dir.join("created");
     let out = ctx.rt.run(&[
@@ -86,6 +170,10 @@ fn checkpoint(ctx: &mut Ctx) -> Result<()> {
     );
     let out = ctx.rt.run(&["start", &id])?;
     anyhow::ensure!(out.success(), "start: {}", out.describe());
+    anyhow::ensure!(
+        poll(20, || (counter(&shared) >= 10).then_some(())).is_some(),
+        "the workload did not count to 10 in 20 s"
+    );
 
     let images = dir.join("images");
     let out = ctx
@@ -93,6 +181,7 @@ fn checkpoint(ctx: &mut Ctx) -> Result<()> {
         .run(&["checkpoint", "--image-path", &images.to_string_lossy(), &id])?;
     let log = images.join("dump.log");
     let st = ctx.state(&id);
+    let saved = counter(&shared);
     match &criu {
         Ok(()) => {
             ctx.check(
@@ -105,6 +194,11 @@ fn checkpoint(ctx: &mut Ctx) -> Result<()> {
                 st.is_err(),
                 || format!("want the container gone, got {}", super::show(&st)),
             );
+            crate::reaper::tick(Duration::from_millis(300));
+            let later = counter(&shared);
+            ctx.check(STOPPED, later == saved, || {
+                format!("the counter went from {saved} to {later} after the checkpoint")
+            });
         }
         Err(why) => {
             ctx.check(
@@ -132,43 +226,96 @@ fn checkpoint(ctx: &mut Ctx) -> Result<()> {
         true => ctx.id(),
         false => id.clone(),
     };
-    let out = ctx.rt.run(&[
-        "restore",
-        "--detach",
-        "--bundle",
-        &b.dir_str(),
-        "--image-path",
-        &images.to_string_lossy(),
-        &rid,
-    ])?;
+    let restore_args = |rid: &str, images: &Path| -> Vec<String> {
+        [
+            "restore",
+            "--detach",
+            "--bundle",
+            &b.dir_str(),
+            "--image-path",
+            &images.to_string_lossy(),
+            rid,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let args = restore_args(&rid, &images);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, err, _restored) = with_pipes(ctx, &args)?;
     let rst = ctx.state(&rid);
-    match &criu {
-        Ok(()) => {
-            ctx.check(
-                format!("{RESTORE}: runs, or fails as CRIU did"),
-                out.success() && rst.as_ref().is_ok_and(|s| s["status"] == "running"),
-                || format!("{}; {}", out.describe(), super::show(&rst)),
-            );
-        }
-        Err(_) => {
-            ctx.check(
-                format!("{RESTORE}: runs, or fails as CRIU did"),
-                out.code == Some(1)
-                    && out.stderr.contains("criu failed: ")
-                    && images.join("restore.log").exists(),
-                || format!("want exit 1 and \"criu failed: \", got {}", out.describe()),
-            );
-            ctx.check("a failed restore leaves no container", rst.is_err(), || {
-                super::show(&rst)
-            });
-        }
-    }
-    if criu.is_ok() {
-        ctx.record(
-            "a failed restore leaves no container",
-            Outcome::Skip("CRIU runs on this host: the restore is expected to succeed".into()),
+    let Ok(()) = criu else {
+        ctx.check(
+            format!("{RESTORE}: runs, or fails as CRIU did"),
+            code == Some(1) && err.contains("criu failed: ") && images.join("restore.log").exists(),
+            || format!("want exit 1 and \"criu failed: \", got {code:?}: {err}"),
         );
+        ctx.check(FAILED, rst.is_err(), || super::show(&rst));
+        let why = "CRIU cannot run on this host, so nothing was restored";
+        ctx.skip_all(&[STOPPED, GOES_ON, LIFECYCLE, TWICE, NO_IMAGES], why);
+        return Ok(());
+    };
+    ctx.record(
+        FAILED,
+        Outcome::Skip("CRIU runs on this host: the restore is expected to succeed".into()),
+    );
+    let running = code == Some(0) && rst.as_ref().is_ok_and(|s| s["status"] == "running");
+    ctx.check(
+        format!("{RESTORE}: runs, or fails as CRIU did"),
+        running,
+        || format!("exit {code:?}: {err}; {}", super::show(&rst)),
+    );
+    if !running {
+        let why = "the restore failed";
+        ctx.skip_all(&[GOES_ON, LIFECYCLE, TWICE, NO_IMAGES], why);
+        return Ok(());
     }
+    let first = poll(10, || {
+        let n = counter(&shared);
+        (n != saved).then_some(n)
+    });
+    ctx.check(GOES_ON, first.is_some_and(|n| n > saved), || match first {
+        Some(n) => format!("the counter was {saved} at the checkpoint, {n} after the restore"),
+        None => format!("the counter stays at {saved} after the restore"),
+    });
+
+    let again = ctx.rt.run(&args)?;
+    let still = ctx.state(&rid);
+    ctx.check(
+        TWICE,
+        again.code.is_some_and(|c| c != 0)
+            && still.as_ref().is_ok_and(|s| s["status"] == "running"),
+        || format!("{}; the first: {}", again.describe(), super::show(&still)),
+    );
+
+    let nothing = ctx.scratch("no-images")?;
+    let nid = ctx.id();
+    let none_args = restore_args(&nid, &nothing);
+    let none_args: Vec<&str> = none_args.iter().map(String::as_str).collect();
+    let out = ctx.rt.run(&none_args)?;
+    let nst = ctx.state(&nid);
+    ctx.check(
+        NO_IMAGES,
+        out.code.is_some_and(|c| c != 0) && nst.is_err(),
+        || format!("{}; {}", out.describe(), super::show(&nst)),
+    );
+
+    let killed = ctx.rt.run(&["kill", &rid, "KILL"])?;
+    let stopped = ctx.wait_status(&rid, "stopped");
+    let deleted = ctx.rt.run(&["delete", &rid])?;
+    let gone = ctx.state(&rid);
+    ctx.check(
+        LIFECYCLE,
+        killed.success() && stopped.is_ok() && deleted.success() && gone.is_err(),
+        || {
+            format!(
+                "kill: {}; stopped: {}; delete: {}; after: {}",
+                killed.describe(),
+                super::show(&stopped),
+                deleted.describe(),
+                super::show(&gone)
+            )
+        },
+    );
     Ok(())
 }
 
