@@ -57,7 +57,7 @@ pub enum RestoreError {
     },
     #[error("cannot read {path}: {message}")]
     Descriptors { path: PathBuf, message: String },
-    #[error("restore --{0} is not supported (runc needs it for CRIU's lazy pages and LSM relabelling, which agentvm does not drive)")]
+    #[error("restore --{0} is not supported yet (CRIU's lazy pages need a page server and the lazy-pages daemon driven beside the restore)")]
     Unsupported(&'static str),
     #[error(
         "restore of a container with a terminal needs --console-socket or a foreground restore"
@@ -126,14 +126,8 @@ impl Drop for Made {
 /// pid, our child. The caller holds the root lock and has checked that
 /// the id is free.
 pub fn restore(ctx: &Context, req: &RestoreRequest) -> Result<Pid, ContainerError> {
-    for (flag, set) in [
-        ("lazy-pages", req.lazy_pages),
-        ("lsm-profile", req.lsm_profile.is_some()),
-        ("lsm-mount-context", req.lsm_mount_context.is_some()),
-    ] {
-        if set {
-            return Err(RestoreError::Unsupported(flag).into());
-        }
+    if req.lazy_pages {
+        return Err(RestoreError::Unsupported("lazy-pages").into());
     }
     let empty_net = empty_namespaces(&req.empty_ns)?;
     let bundle = req.bundle;
@@ -284,6 +278,14 @@ pub fn restore(ctx: &Context, req: &RestoreRequest) -> Result<Pid, ContainerErro
     opts.set_file_locks(req.file_locks);
     opts.set_orphan_pts_master(true);
     opts.set_auto_dedup(req.auto_dedup);
+    // As runc: the restored processes' LSM profile and the mounts'
+    // context, for Podman with SELinux or AppArmor.
+    if let Some(profile) = &req.lsm_profile {
+        opts.set_lsm_profile(profile.clone());
+    }
+    if let Some(context) = &req.lsm_mount_context {
+        opts.set_lsm_mount_context(context.clone());
+    }
     if empty_net {
         opts.set_empty_ns(libc::CLONE_NEWNET as u32);
     }

@@ -24,7 +24,10 @@ use anyhow::Result;
 use super::{CaseFn, Ctx};
 use crate::report::Outcome;
 
-pub const CASES: &[(&str, CaseFn)] = &[("checkpoint", checkpoint)];
+pub const CASES: &[(&str, CaseFn)] = &[
+    ("checkpoint", checkpoint),
+    ("checkpoint-tty", checkpoint_tty),
+];
 
 const DUMP: &str = "checkpoint of a running container";
 const RESTORE: &str = "restore from the images";
@@ -317,6 +320,145 @@ fn checkpoint(ctx: &mut Ctx) -> Result<()> {
         },
     );
     Ok(())
+}
+
+const TTY_DUMP: &str = "checkpoint of a container with a terminal";
+const TTY_SOCKET: &str = "restore hands the terminal's master to the console socket";
+const TTY_GOES_ON: &str = "the restored workload goes on writing to its terminal";
+
+/// A container with a terminal: CRIU keeps the pty's slave side in the
+/// images (orphan-pts-master) and the restore hands a new master to the
+/// console socket, on which the workload's output goes on (its counter
+/// from where it stopped).
+fn checkpoint_tty(ctx: &mut Ctx) -> Result<()> {
+    use super::console::recv_pty;
+    let checks = [TTY_DUMP, TTY_SOCKET, TTY_GOES_ON];
+    match Command::new("criu").arg("--version").output() {
+        Ok(o) if o.status.success() => {}
+        _ => {
+            ctx.skip_all(&checks, "criu is not installed");
+            return Ok(());
+        }
+    }
+    if let Err(why) = criu_works() {
+        ctx.skip_all(&checks, &format!("CRIU cannot run on this host ({why})"));
+        return Ok(());
+    }
+    let dir = ctx.scratch("tty")?;
+    let mut b = ctx.bundle()?;
+    b.args(&[
+        "/bin/sh",
+        "-c",
+        "i=0; while :; do i=$((i+1)); echo $i > /counter/n; echo n=$i; sleep 0.05; done",
+    ]);
+    b.set("/process/terminal", serde_json::json!(true));
+    b.push(
+        "/mounts",
+        serde_json::json!({
+            "destination": "/counter", "type": "bind",
+            "source": dir, "options": ["rbind", "rw"]
+        }),
+    );
+    b.write()?;
+    let id = ctx.id();
+    let socket = dir.join("console-1.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket)?;
+    let mut pending = ctx.rt.spawn(&[
+        "run",
+        "--detach",
+        "--console-socket",
+        &socket.to_string_lossy(),
+        "--bundle",
+        &b.dir_str(),
+        &id,
+    ])?;
+    let master = recv_pty(&listener, &mut pending)?;
+    let out = pending.wait(crate::runtime::TIMEOUT)?;
+    anyhow::ensure!(out.success(), "run: {}", out.describe());
+    anyhow::ensure!(
+        poll(20, || (counter(&dir) >= 10).then_some(())).is_some(),
+        "the workload did not count to 10 in 20 s"
+    );
+    let images = dir.join("images");
+    let out = ctx
+        .rt
+        .run(&["checkpoint", "--image-path", &images.to_string_lossy(), &id])?;
+    let saved = counter(&dir);
+    drop(master);
+    let gone = ctx.state(&id);
+    let dumped = ctx.check(TTY_DUMP, out.success() && gone.is_err(), || {
+        format!("{}; after: {}", out.describe(), super::show(&gone))
+    });
+    if !dumped {
+        ctx.skip_all(&[TTY_SOCKET, TTY_GOES_ON], "the checkpoint failed");
+        return Ok(());
+    }
+    let socket = dir.join("console-2.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket)?;
+    let mut pending = ctx.rt.spawn(&[
+        "restore",
+        "--detach",
+        "--console-socket",
+        &socket.to_string_lossy(),
+        "--bundle",
+        &b.dir_str(),
+        "--image-path",
+        &images.to_string_lossy(),
+        &id,
+    ])?;
+    let master = recv_pty(&listener, &mut pending);
+    let out = pending.wait(crate::runtime::TIMEOUT)?;
+    let st = ctx.state(&id);
+    let master = match master {
+        Ok(m) if out.success() && st.is_ok() => {
+            ctx.record(TTY_SOCKET, Outcome::Ok);
+            m
+        }
+        other => {
+            let why = other.err().map(|e| format!("{e:#}")).unwrap_or_default();
+            ctx.record(
+                TTY_SOCKET,
+                Outcome::Fail(format!("{why}; {}; {}", out.describe(), super::show(&st))),
+            );
+            ctx.skip_all(&[TTY_GOES_ON], "the restore failed");
+            return Ok(());
+        }
+    };
+    let text = read_for(master, Duration::from_secs(2));
+    let first = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("n=")?.parse::<u64>().ok())
+        .next();
+    ctx.check(TTY_GOES_ON, first.is_some_and(|n| n > saved), || {
+        format!("the counter was {saved} at the checkpoint; the terminal then read {text:?}")
+    });
+    Ok(())
+}
+
+/// What a pty master gives within `time`.
+fn read_for(master: std::os::fd::OwnedFd, time: Duration) -> String {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    let mut f = std::fs::File::from(master);
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + time;
+    let mut buf = [0u8; 4096];
+    while std::time::Instant::now() < deadline {
+        let mut fds = [nix::poll::PollFd::new(
+            f.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u16)) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(_) => break,
+        }
+        match f.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A directory's entries, for a failure detail.

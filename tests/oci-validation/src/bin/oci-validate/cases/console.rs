@@ -23,7 +23,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
 
 /// Accepts the runtime's connection on `listener` and receives one fd,
 /// giving up when `pending` exits first or after the timeout.
-fn recv_pty(listener: &UnixListener, pending: &mut Pending) -> Result<OwnedFd> {
+pub(super) fn recv_pty(listener: &UnixListener, pending: &mut Pending) -> Result<OwnedFd> {
     listener
         .set_nonblocking(true)
         .context("nonblocking console socket")?;
