@@ -410,22 +410,6 @@ fn events_since_create_reports_a_kill_that_already_stopped_the_container() {
     assert_nothing_left(&f, &id);
 }
 
-/// Whether CRIU can run on this host (`criu check`): `Err(why)` if not.
-fn criu_works() -> Result<(), String> {
-    match std::process::Command::new("criu")
-        .arg("check")
-        .stdin(std::process::Stdio::null())
-        .output()
-    {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(format!(
-            "criu check failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Err(e) => Err(format!("no criu: {e}")),
-    }
-}
-
 /// Runs an agentvm command whose container keeps its stdio: pipes, as a
 /// shim gives (CRIU dumps pipes; a host file it could not reopen). The
 /// command is waited for without reading them to their end; its stderr is
@@ -461,7 +445,7 @@ fn checkpoint_and_restore_bring_the_workload_back() {
     if skip_unless_root() {
         return;
     }
-    if let Err(why) = criu_works() {
+    if let Err(why) = common::criu_works() {
         println!("skipped: {why}");
         return;
     }

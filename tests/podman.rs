@@ -53,3 +53,53 @@ fn podman_annotation_picks_the_container_tier() {
     let out = cmd::run(&mut c).ok();
     assert_eq!(out.out(), host_boot_id(), "not the container tier:\n{out}");
 }
+
+/// `podman container checkpoint` and `restore` through the runtime (Podman
+/// drives its `checkpoint` and, through conmon, its `restore`): the
+/// workload, a counter kept in its shell's memory and printed to its log,
+/// goes on from where it was rather than from 1.
+#[test]
+fn podman_checkpoint_and_restore_go_on_where_the_workload_was() {
+    let p = require!(podman());
+    if let Err(why) = common::criu_works() {
+        println!("skipped: {why}");
+        return;
+    }
+    if p.runtime == common::Runtime::AgentvmDefault {
+        println!("skipped: the microvm tier has no checkpoint yet (a VM snapshot)");
+        return;
+    }
+    let name = common::unique_name("podman-cr");
+    let counting = "i=0; while :; do i=$((i+1)); echo $i; sleep 0.05; done";
+    let mut c = p.cmd();
+    c.args(["run", "-d", "--name", &name, "--network", "none", IMAGE])
+        .args(["sh", "-c", counting]);
+    cmd::run(&mut c).ok();
+    let numbers = || -> Vec<u64> {
+        let out = cmd::run(p.cmd().args(["logs", &name]));
+        out.stdout
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let counted = common::wait_for(20, || (numbers().len() >= 10).then_some(()));
+    let checkpoint = cmd::run(p.cmd().args(["container", "checkpoint", &name]));
+    let before = numbers();
+    let restore = cmd::run(p.cmd().args(["container", "restore", &name]));
+    let after = common::wait_for(20, || {
+        let n = numbers();
+        (n.len() >= before.len() + 5).then_some(n)
+    });
+    cmd::run(p.cmd().args(["rm", "-f", &name]));
+    assert!(counted.is_some(), "the workload did not count");
+    checkpoint.ok();
+    restore.ok();
+    let after = after.expect("the restored workload does not count on");
+    let last = *before.last().expect("numbers before the checkpoint");
+    assert_eq!(
+        after[before.len()],
+        last + 1,
+        "after {last} the restored workload printed {:?}",
+        &after[before.len()..]
+    );
+}

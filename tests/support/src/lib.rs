@@ -244,6 +244,23 @@ pub fn expects_host_kernel(rt: &Runtime) -> bool {
 }
 
 /// A name no other test, thread or run uses at the same time.
+/// Whether CRIU can run on this host (`criu check`): `Err(why)` if not,
+/// for the checkpoint and restore tests to skip aloud.
+pub fn criu_works() -> Result<(), String> {
+    match std::process::Command::new("criu")
+        .arg("check")
+        .stdin(std::process::Stdio::null())
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "criu check failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("no criu: {e}")),
+    }
+}
+
 pub fn unique_name(test: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
