@@ -111,6 +111,15 @@ impl Bundle {
         })
     }
 
+    /// Whether the container's process wants a terminal.
+    pub fn terminal(&self) -> bool {
+        self.spec
+            .process()
+            .as_ref()
+            .and_then(|p| p.terminal())
+            .unwrap_or(false)
+    }
+
     /// Parses the text of `config` (a bundle's config.json) into a spec,
     /// with the checks `load` makes before it looks at the filesystem.
     pub fn parse_spec(config: &Path, text: &[u8]) -> Result<Spec, BundleError> {

@@ -495,18 +495,16 @@ fn checkpoint_and_restore_bring_the_workload_back() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert_eq!(counter(), saved, "the workload ran on after its checkpoint");
 
-    let (code, err, _pipes2) = with_pipes(
-        &f,
-        &[
-            "restore",
-            "-d",
-            "--image-path",
-            images,
-            "--bundle",
-            bundle,
-            &id,
-        ],
-    );
+    let restore = [
+        "restore",
+        "-d",
+        "--image-path",
+        images,
+        "--bundle",
+        bundle,
+        &id,
+    ];
+    let (code, err, _pipes2) = with_pipes(&f, &restore);
     assert_eq!(code, 0, "restore: {err}");
     let st = f.state(&id);
     assert_eq!(st["status"], "running", "{st}");
@@ -526,15 +524,7 @@ fn checkpoint_and_restore_bring_the_workload_back() {
     assert!(ps.stdout.starts_with("sh\0-c"), "{ps}");
 
     // A second restore of the running id, and one from nowhere, are refused.
-    let out = f.agentvm(&[
-        "restore",
-        "-d",
-        "--image-path",
-        images,
-        "--bundle",
-        bundle,
-        &id,
-    ]);
+    let out = f.agentvm(&restore);
     assert_one_clear_error(&f, &out, "already exists");
     let other = common::unique_name("cr-none");
     let missing = f.dir.path().join("no-images");

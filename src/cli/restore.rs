@@ -111,12 +111,7 @@ pub fn run(ctx: &Context, args: RestoreArgs) -> anyhow::Result<u8> {
     )?;
     let work_path = args.work_path.as_deref().map(absolute).transpose()?;
     let pid_file = super::pid_file(args.pid_file.as_deref())?;
-    let terminal = bundle
-        .spec
-        .process()
-        .as_ref()
-        .and_then(|p| p.terminal())
-        .unwrap_or(false);
+    let terminal = bundle.terminal();
     // As `run`: in the foreground a terminal is ours to relay, and the
     // restored init is reaped here.
     let own_socket = match !args.detach && args.console_socket.is_none() && terminal {

@@ -174,6 +174,19 @@ fn memberships(text: &str) -> Vec<Membership> {
 
 /// runc's cgroup for container `id` when the spec names none (cgroupfs
 /// driver): see [`default_path_in`], from our own `/proc/self/cgroup`.
+/// The container's cgroup: the spec's `cgroupsPath`, or runc's default
+/// path, which is then written into the spec for libcontainer to use.
+pub fn resolve_path(spec: &mut Spec, id: &str) -> PathBuf {
+    if let Some(p) = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()) {
+        return p;
+    }
+    let p = default_path(id);
+    if let Some(linux) = spec.linux_mut() {
+        linux.set_cgroups_path(Some(p.clone()));
+    }
+    p
+}
+
 pub fn default_path(id: &str) -> PathBuf {
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     default_path_in(&own, id)

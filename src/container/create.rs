@@ -85,17 +85,7 @@ pub fn create(
         super::enosys::add_rule(seccomp);
     }
     if !ctx.systemd_cgroup {
-        let given = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone());
-        let path = match given {
-            Some(p) => p,
-            None => {
-                let p = cgroups::default_path(id);
-                if let Some(linux) = spec.linux_mut() {
-                    linux.set_cgroups_path(Some(p.clone()));
-                }
-                p
-            }
-        };
+        let path = cgroups::resolve_path(&mut spec, id);
         if !opts.fresh_cgroup {
             cgroups::refuse_frozen(&path)?;
             cgroups::warn_if_populated(&path);

@@ -132,12 +132,7 @@ pub fn restore(ctx: &Context, req: &RestoreRequest) -> Result<Pid, ContainerErro
     let empty_net = empty_namespaces(&req.empty_ns)?;
     let bundle = req.bundle;
     let spec = &bundle.spec;
-    let terminal = spec
-        .process()
-        .as_ref()
-        .and_then(|p| p.terminal())
-        .unwrap_or(false);
-    if terminal && req.console_socket.is_none() {
+    if bundle.terminal() && req.console_socket.is_none() {
         return Err(RestoreError::NoConsoleSocket.into());
     }
     let images = File::open(&req.image_path).map_err(|source| RestoreError::Images {
@@ -169,16 +164,7 @@ pub fn restore(ctx: &Context, req: &RestoreRequest) -> Result<Pid, ContainerErro
 
     // The cgroup as `create` names it.
     let mut spec = spec.clone();
-    let cgroup_path = match spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()) {
-        Some(p) => p,
-        None => {
-            let p = cgroups::default_path(id);
-            if let Some(linux) = spec.linux_mut() {
-                linux.set_cgroups_path(Some(p.clone()));
-            }
-            p
-        }
-    };
+    let cgroup_path = cgroups::resolve_path(&mut spec, id);
     if !ctx.systemd_cgroup {
         cgroups::refuse_frozen(&cgroup_path)?;
     }

@@ -126,12 +126,7 @@ pub fn create(ctx: &Context, id: &str, bundle: &Bundle, opts: CreateOptions) -> 
         );
     }
     host::Host::probe(&ctx.config, vmm.backend)?;
-    let terminal = bundle
-        .spec
-        .process()
-        .as_ref()
-        .and_then(|p| p.terminal())
-        .unwrap_or(false);
+    let terminal = bundle.terminal();
     if terminal && opts.console_socket.is_none() {
         return Err(refused(
             "process.terminal is true: --console-socket is required",

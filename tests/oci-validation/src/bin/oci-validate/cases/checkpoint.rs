@@ -331,7 +331,7 @@ const TTY_GOES_ON: &str = "the restored workload goes on writing to its terminal
 /// console socket, on which the workload's output goes on (its counter
 /// from where it stopped).
 fn checkpoint_tty(ctx: &mut Ctx) -> Result<()> {
-    use super::console::recv_pty;
+    use super::console::{read_pty_for, recv_pty};
     let checks = [TTY_DUMP, TTY_SOCKET, TTY_GOES_ON];
     match Command::new("criu").arg("--version").output() {
         Ok(o) if o.status.success() => {}
@@ -424,7 +424,7 @@ fn checkpoint_tty(ctx: &mut Ctx) -> Result<()> {
             return Ok(());
         }
     };
-    let text = read_for(master, Duration::from_secs(2));
+    let text = read_pty_for(master, Duration::from_secs(2));
     let first = text
         .lines()
         .filter_map(|l| l.trim().strip_prefix("n=")?.parse::<u64>().ok())
@@ -433,32 +433,6 @@ fn checkpoint_tty(ctx: &mut Ctx) -> Result<()> {
         format!("the counter was {saved} at the checkpoint; the terminal then read {text:?}")
     });
     Ok(())
-}
-
-/// What a pty master gives within `time`.
-fn read_for(master: std::os::fd::OwnedFd, time: Duration) -> String {
-    use std::io::Read;
-    use std::os::fd::AsFd;
-    let mut f = std::fs::File::from(master);
-    let mut out = Vec::new();
-    let deadline = std::time::Instant::now() + time;
-    let mut buf = [0u8; 4096];
-    while std::time::Instant::now() < deadline {
-        let mut fds = [nix::poll::PollFd::new(
-            f.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u16)) {
-            Ok(0) => continue,
-            Ok(_) => {}
-            Err(_) => break,
-        }
-        match f.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A directory's entries, for a failure detail.

@@ -69,9 +69,15 @@ pub(super) fn recv_pty(listener: &UnixListener, pending: &mut Pending) -> Result
 
 /// Reads the pty master until the slave side is closed (EIO) or 20 s pass.
 fn read_pty(master: OwnedFd) -> String {
+    read_pty_for(master, Duration::from_secs(20))
+}
+
+/// Reads the pty master until the slave side is closed (EIO) or `time`
+/// passes.
+pub(super) fn read_pty_for(master: OwnedFd, time: Duration) -> String {
     let mut f = std::fs::File::from(master);
     let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + time;
     let mut buf = [0u8; 4096];
     while Instant::now() < deadline {
         crate::reaper::reap_orphans();
