@@ -28,6 +28,8 @@ pub const MAX_MEMORY_MIB: u64 = 16 << 20;
 pub const DEFAULT_BOOT_TIMEOUT_SECS: u64 = 120;
 /// Largest `microvm.boot_timeout_secs` (a day).
 pub const MAX_BOOT_TIMEOUT_SECS: u64 = 24 * 60 * 60;
+/// Most booted microVMs a pool may keep (`microvm.pool`).
+pub const MAX_POOL: u32 = 16;
 /// The kernel's largest pid (`PID_MAX_LIMIT` on 64-bit): QEMU's uid is
 /// the base plus its supervisor's pid, so the range is this long.
 pub const PID_MAX_LIMIT: u32 = 1 << 22;
@@ -208,6 +210,9 @@ pub struct MicrovmConfig {
     /// `qemu` (`microvm::vmm::choice`); the `io.agentvm.vmm` annotation
     /// picks it per container.
     pub vmm: Option<crate::microvm::vmm::choice::VmmChoice>,
+    /// How many booted microVMs to keep waiting, per `--root`, for the
+    /// containers that fit them (`microvm::pool`): 0 or unset, none.
+    pub pool: Option<u32>,
 }
 
 impl MicrovmConfig {
@@ -237,6 +242,17 @@ impl MicrovmConfig {
                 ));
             }
         }
+        if let Some(n) = self.pool {
+            if n > MAX_POOL {
+                return Err(format!("microvm.pool = {n}: must be 0 to {MAX_POOL}"));
+            }
+            if n > 0 && self.memory_ceiling_mib.is_some() {
+                return Err(format!(
+                    "microvm.pool = {n} with microvm.memory_ceiling_mib: a pool of VMs booted \
+                     with a balloon is not implemented; unset one of them"
+                ));
+            }
+        }
         if let Some(t) = self.boot_timeout_secs {
             if !(1..=MAX_BOOT_TIMEOUT_SECS).contains(&t) {
                 return Err(format!(
@@ -245,6 +261,11 @@ impl MicrovmConfig {
             }
         }
         Ok(())
+    }
+
+    /// How many booted microVMs the pool keeps (0: no pool).
+    pub fn pool_size(&self) -> u32 {
+        self.pool.unwrap_or(0).min(MAX_POOL)
     }
 
     /// The first uid of QEMU's identity range.

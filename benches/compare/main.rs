@@ -56,6 +56,7 @@ mod memory;
 mod network;
 mod oci;
 mod pod;
+mod pool;
 mod qemu_floor;
 mod reaper;
 mod runtimes;
@@ -298,6 +299,7 @@ pub fn failure_note(name: &str, failures: &[String]) -> String {
 fn overhead_table(rows: &[Row]) -> Option<String> {
     let get = |name: &str| rows.iter().find(|r| r.name == name).and_then(|r| r.summary);
     let (vm, floor) = (get(runtimes::MICROVM)?, get(qemu_floor::NAME)?);
+    let pooled = get(runtimes::MICROVM_POOL);
     let diff = |a: Duration, b: Duration| {
         if a >= b {
             format!("+{}", ms(a - b))
@@ -312,7 +314,7 @@ fn overhead_table(rows: &[Row]) -> Option<String> {
             format!("{:.2}×", a.as_secs_f64() / b.as_secs_f64())
         }
     };
-    Some(format!(
+    let mut table = format!(
         "| | median | p90 |\n|---|---:|---:|\n\
          | {} | {} | {} |\n\
          | {} | {} | {} |\n\
@@ -328,7 +330,22 @@ fn overhead_table(rows: &[Row]) -> Option<String> {
         diff(vm.p90, floor.p90),
         ratio(vm.median, floor.median),
         ratio(vm.p90, floor.p90),
-    ))
+    );
+    if let Some(p) = pooled {
+        table.push_str(&format!(
+            "| {} | {} | {} |\n\
+             | its difference from the floor | {} | {} |\n\
+             | its ratio to the floor | {} | {} |\n",
+            runtimes::MICROVM_POOL,
+            ms(p.median),
+            ms(p.p90),
+            diff(p.median, floor.median),
+            diff(p.p90, floor.p90),
+            ratio(p.median, floor.median),
+            ratio(p.p90, floor.p90),
+        ));
+    }
+    Some(table)
 }
 
 /// A microVM's round part by part: what runs before the supervisor's
@@ -397,15 +414,36 @@ fn oci_part(
 ) -> anyhow::Result<(String, bool)> {
     reaper::set_subreaper(true)?;
     let pid = std::process::id();
+    // The microvm tier once more, taking its VMs from a warm pool of one.
+    let pooled = match runtimes.iter().find(|r| r.name == runtimes::MICROVM) {
+        Some(vm) => match pool::start(ws, vm) {
+            Ok(p) => Some(p),
+            Err(why) => {
+                println!("skipped: {}: {why}", runtimes::MICROVM_POOL);
+                None
+            }
+        },
+        None => None,
+    };
     let mut entries: Vec<OciEntry> = runtimes.iter().map(OciEntry::Runtime).collect();
+    entries.extend(pooled.iter().map(OciEntry::Runtime));
     entries.extend(floor.map(OciEntry::Floor));
     let schedule = Schedule::new(opts.oci_rounds, opts.microvm_rounds, opts.warmup);
     let series = interleave(&entries, schedule, "oci", |entry, round| match entry {
         OciEntry::Runtime(rt) => {
-            oci::round(ws, rt, &format!("avmb-{}-{pid}-{round}", rt.docker_name))
+            let phases = oci::round(ws, rt, &format!("avmb-{}-{pid}-{round}", rt.docker_name));
+            if rt.name == runtimes::MICROVM_POOL {
+                // Untimed: the refill `create` started boots before any
+                // other entry's round, which it would otherwise slow.
+                pool::wait_ready(ws, rt);
+            }
+            phases
         }
         OciEntry::Floor(f) => f.round(),
     });
+    if let Some(p) = &pooled {
+        pool::drain(ws, p);
+    }
     reaper::set_subreaper(false)?;
     reaper::reap_orphans();
     let rows: Vec<Row> = series
@@ -462,7 +500,30 @@ fn oci_part(
         .iter()
         .find(|r| r.name == qemu_floor::NAME)
         .and_then(|r| r.summary.as_ref().map(|m| m.median));
+    if let Some(s) = series.iter().find(|s| s.name == runtimes::MICROVM_POOL) {
+        let took = s
+            .samples
+            .iter()
+            .filter(|p| p.boot.iter().any(|(n, _)| n == "pool"))
+            .count();
+        section.push_str(&format!(
+            "\n{}: `microvm.pool = 1`; after each round the benchmark waits (untimed) until \
+             the VM its `create` started to refill the pool has booted. {took} of its {} \
+             timed rounds took a pooled VM (the others booted their own).\n",
+            s.name,
+            s.samples.len()
+        ));
+    }
     for s in &series {
+        if s.name != runtimes::MICROVM {
+            if let Some(table) = boot_table(&s.samples) {
+                section.push_str(&format!(
+                    "\n{}'s round by part (median of each):\n\n{table}",
+                    s.name
+                ));
+            }
+            continue;
+        }
         if let Some(parts) = boot_parts(&s.samples) {
             chart.parts_title = format!("{}: cold start by part (median)", s.name);
             chart.parts = parts

@@ -12,6 +12,9 @@ pub const REFERENCE: &str = "runc";
 pub const FAST_PEER: &str = "crun";
 /// The row of agentvm's microvm tier.
 pub const MICROVM: &str = "agentvm microvm";
+/// The microvm tier taking its VMs from a warm pool (`microvm.pool = 1`):
+/// part (a) only.
+pub const MICROVM_POOL: &str = "agentvm microvm, warm pool";
 
 /// One runtime under measurement.
 #[derive(Debug, Clone)]
@@ -107,6 +110,28 @@ fn microvm_config(dir: &Path) -> Result<PathBuf, String> {
         .and_then(|_| std::fs::write(&path, text))
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(path)
+}
+
+/// The microvm entry with a warm pool of one VM (`microvm.pool = 1`): its
+/// config is the microvm entry's plus the pool, written to `dir`.
+pub fn pooled(microvm: &Runtime, dir: &Path) -> Result<Runtime, String> {
+    let config = microvm_config(dir)?;
+    let text = std::fs::read_to_string(&config)
+        .map_err(|e| format!("cannot read {}: {e}", config.display()))?;
+    let path = dir.join("agentvm-microvm-pool.toml");
+    std::fs::write(&path, format!("{text}pool = 1\n"))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(Runtime {
+        name: MICROVM_POOL,
+        program: microvm.program.clone(),
+        global_args: vec![
+            "--isolation=microvm".to_string(),
+            "--config".to_string(),
+            path.display().to_string(),
+        ],
+        docker_name: "agentvm-pool",
+        slow: true,
+    })
 }
 
 /// A runtime entry: label, binary (or why there is none), global flags,

@@ -94,6 +94,9 @@ pub fn create_container(
     })?;
     drop(_root_lock);
     ensure_audit_exporter(ctx);
+    if isolation == crate::config::Isolation::Microvm {
+        super::pool::refill(ctx);
+    }
     Ok(tier)
 }
 

@@ -155,6 +155,14 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
             None => "OTLP/HTTP export when [audit] otlp_endpoint is set".to_string(),
         }
     );
+    let pool = match config.microvm.pool_size() {
+        0 => "off (microvm.pool = N keeps N VMs booted per --root; agentvm pool fill|drain|list)"
+            .to_string(),
+        n => format!(
+            "{n} booted VMs kept per --root (QEMU backend), taken by containers that set no \
+             CPU or memory limit and need no NIC; others boot their own"
+        ),
+    };
     let mut caps: Vec<String> = caps::all().iter().map(|c| c.to_string()).collect();
     caps.sort();
     let doc = json!({
@@ -186,6 +194,7 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
             "io.agentvm.microvm.vmm.builtin": builtin,
             "io.agentvm.checkpoint": "container tier: checkpoint (libcontainer's CRIU dump) and restore (agentvm's, through CRIU's RPC as runc drives it), with the criu on PATH; microvm tier: neither supported yet (a VM snapshot is the equivalent)",
             "io.agentvm.audit": audit,
+            "io.agentvm.microvm.pool": pool,
             "io.agentvm.microvm.kernel": config.microvm.kernel.as_ref().map_or_else(|| "not configured".to_string(), |k| k.display().to_string()),
         },
         "potentiallyUnsafeConfigAnnotations": ["io.agentvm."],

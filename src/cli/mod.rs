@@ -26,6 +26,7 @@ pub mod features;
 pub mod kill;
 pub mod list;
 pub mod pause;
+pub mod pool;
 pub mod ps;
 pub mod restore;
 pub mod run;
@@ -140,12 +141,17 @@ pub enum Command {
     Check(check::CheckArgs),
     /// Print a container's audit trail (execs, connections) as JSON lines
     Audit(audit::AuditArgs),
+    /// Manage the warm pool of booted microVMs (microvm.pool)
+    Pool(pool::PoolArgs),
     /// (internal) the host's OTLP exporter of the audit trail
     #[command(hide = true)]
     AuditExport,
     /// (internal) the per-container supervisor of a microVM
     #[command(hide = true)]
     Supervise(SuperviseArgs),
+    /// (internal) boots and keeps one VM of the pool
+    #[command(hide = true)]
+    PoolKeeper(pool::PoolKeeperArgs),
     /// (internal) the egress policy's resolver, proxy and log reader,
     /// in a sandbox's network namespace
     #[command(hide = true)]
@@ -334,6 +340,10 @@ fn dispatch(global: &GlobalOpts, command: Command) -> anyhow::Result<u8> {
                 config: ctx.config,
                 systemd_cgroup: ctx.systemd_cgroup,
             })
+        }
+        Command::Pool(args) => pool::run(&ctx, args).map(|_| 0),
+        Command::PoolKeeper(args) => {
+            crate::microvm::pool::keep(&ctx.root, &ctx.config, &args.slot, args.sync)
         }
         Command::EgressDaemon(args) => egress_daemon(args),
         Command::Spec(_) | Command::Features(_) | Command::Check(_) => {

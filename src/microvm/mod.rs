@@ -27,6 +27,7 @@ pub mod initramfs;
 pub use crate::router as net;
 
 pub mod pod;
+pub mod pool;
 mod runtime;
 pub mod sock;
 pub mod spec;

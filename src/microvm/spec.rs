@@ -273,10 +273,7 @@ pub fn plan_in(
     spec.set_hooks(None);
 
     let mut vcpus = config.microvm.default_vcpus.unwrap_or(1);
-    let mut memory_mib = config
-        .microvm
-        .default_memory_mib
-        .unwrap_or(DEFAULT_MEMORY_MIB);
+    let mut memory_mib = default_memory_mib(config);
     if let Some(mut linux) = spec.linux().clone() {
         if let Some(nss) = linux.namespaces().clone() {
             let mut nss: Vec<LinuxNamespace> = nss
@@ -327,10 +324,7 @@ pub fn plan_in(
         }
         spec.set_linux(Some(linux));
     }
-    let host_cpus = std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(1);
-    vcpus = vcpus.clamp(1, host_cpus.max(1));
+    let vcpus = clamp_vcpus(vcpus);
     let (memory_mib, guest_ram_mib) = match config.microvm.memory_ceiling_mib {
         Some(ceiling) if ceiling > memory_mib => (ceiling, Some(memory_mib)),
         _ => (memory_mib, None),
@@ -347,6 +341,31 @@ pub fn plan_in(
 
 /// Whether a mount is a bind mount (its type, or a bind option).
 /// The path of the network namespace the spec joins, if it names one.
+/// The RAM of a VM whose container sets no memory limit, in MiB.
+fn default_memory_mib(config: &Config) -> u64 {
+    config
+        .microvm
+        .default_memory_mib
+        .unwrap_or(DEFAULT_MEMORY_MIB)
+}
+
+/// At least one vCPU, and no more than the host has.
+fn clamp_vcpus(vcpus: u32) -> u32 {
+    let host_cpus = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    vcpus.clamp(1, host_cpus.max(1))
+}
+
+/// The vCPUs and RAM (MiB) [`plan`] gives a container that sets no CPU
+/// or memory limit: the size of the pool's VMs (`microvm::pool`).
+pub fn default_size(config: &Config) -> (u32, u64) {
+    (
+        clamp_vcpus(config.microvm.default_vcpus.unwrap_or(1)),
+        default_memory_mib(config),
+    )
+}
+
 pub fn netns_path(spec: &Spec) -> Option<PathBuf> {
     spec.linux()
         .as_ref()?

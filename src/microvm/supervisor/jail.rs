@@ -103,6 +103,9 @@ const ALLOWED: &[&str] = &[
     "sigaltstack",
     "wait4",
     "waitid",
+    // A pooled VM's QEMU and virtiofsd are its keeper's children: the
+    // supervisor holds pidfds of them (and of nothing else).
+    "pidfd_send_signal",
     "nanosleep",
     "clock_nanosleep",
     "clock_gettime",

@@ -32,7 +32,7 @@ pub mod tty;
 
 /// The socket, in the state directory, that the VMM joins to the guest's
 /// control port.
-const CONTROL_SOCKET: &str = "ctl.sock";
+pub(crate) const CONTROL_SOCKET: &str = "ctl.sock";
 
 /// The fd on which `create` waits for "ready" or an error.
 pub const SYNC_FD: i32 = 3;
@@ -313,10 +313,6 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     if plan.root_readonly() {
         stage::mount_points(&spec, &state.bundle, &state.rootfs)?;
     }
-    let share_dir = dir.join("share");
-    stage::share(&share_dir, &plan.staged)?;
-    stage::agent(&share_dir, host.guest_agent.as_deref())?;
-
     let terminal = spec
         .process()
         .as_ref()
@@ -333,72 +329,11 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         _ => None,
     };
 
-    let listener = super::sock::bind(dir, CONTROL_SOCKET)
-        .map_err(io_error("cannot listen on the control socket"))?;
-    let mut cmdline = format!(
-        "{} {}",
-        super::host::kernel_cmdline(host.accel),
-        super::host::share_root()
-    );
-    let guest_log = std::env::var("AGENTVM_GUEST_LOG").ok();
-    if let Some(param) = super::host::guest_log_param(guest_log.as_deref()) {
-        cmdline.push(' ');
-        cmdline.push_str(&param);
-    }
-    let config = VmConfig {
-        name: state.id.clone(),
-        kernel: host.kernel.clone(),
-        initramfs: None,
-        cmdline,
-        vcpus: plan.vcpus,
-        memory_mib: plan.memory_mib,
-        balloon: plan.guest_ram_mib.is_some(),
-        share_dir,
-        control_socket: CONTROL_SOCKET.into(),
-        console_log: dir.join(CONSOLE_LOG),
-        run_dir: dir.clone(),
-        kvm: host.accel == Accel::Kvm,
-        nics: plumbed.nics.clone(),
-        vmm_user: super::vmm::jail::Identity::for_supervisor(
-            args.config.microvm.vmm_uid_base(),
-            std::process::id(),
-        ),
-    };
-    let backend = super::vmm::for_host(&host);
-    tracing::info!(
-        "container {}: booting {} vCPU / {} MiB microVM with {} ({}: {})",
-        state.id,
-        config.vcpus,
-        config.memory_mib,
-        backend.name(),
-        host.accel.as_str(),
-        host.accel_reason
-    );
-    trace.mark("share");
-    let mut vm = backend.launch(&config)?;
-    // A VM booted with the configured ceiling starts its guest with what
-    // the limit needs; the balloon holds the rest until an update.
-    let guest_ram = match (plan.guest_ram_mib, vm.take_guest_ram()) {
-        (Some(mib), Some(mut control)) => {
-            if let Err(e) = control.set_guest_ram(mib) {
-                vm.kill();
-                return Err(e.into());
-            }
-            Some(GuestRam {
-                control,
-                current_mib: mib,
-                vm_mib: plan.memory_mib,
-            })
-        }
-        _ => None,
-    };
-    trace.mark("vmm launch");
-    let timeout = args.config.microvm.boot_timeout();
-    let mut guest_log = guest_log::GuestLog::new(Instant::now());
+    let cmdline = super::pool::guest_cmdline(&host);
     // The network and the container's spec go out as soon as the VMM
-    // connects the control port, before the agent says Hello: the agent
-    // finds them waiting when it starts serving, instead of a round trip
-    // later. It answers them in order.
+    // connects the control port, before the agent says Hello (or at once
+    // to a pooled VM's agent, which said it): the agent answers them in
+    // order.
     let mut early = Vec::new();
     if !plumbed.guest.interfaces.is_empty() {
         early.push(Early {
@@ -416,28 +351,45 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         },
         expected: |r| matches!(r, Reply::Created { .. }),
     });
-    let handshaken = handshake(
-        &listener,
-        vm.as_mut(),
-        timeout,
-        &config.console_log,
-        &mut guest_log,
-        &early,
-    );
-    let mut guest = match handshaken {
-        Ok((g, milestones)) => {
-            trace.guest_booted(milestones);
-            g
+    let timeout = args.config.microvm.boot_timeout();
+    let mut guest_log = guest_log::GuestLog::new(Instant::now());
+    let console_log = dir.join(CONSOLE_LOG);
+    let pooled = pooled_vm(args, &state, &host, &cmdline, &plan, &plumbed, vmm.backend);
+    let launched = match pooled {
+        Some(mut p) => {
+            trace.mark("pool");
+            let sent = early.iter().try_for_each(|request| {
+                Frame::control(&request.msg)
+                    .write_to(&mut p.guest)
+                    .map_err(SupervisorError::from)
+            });
+            if let Err(e) = sent {
+                p.vm.kill();
+                return Err(with_console(e, &console_log));
+            }
+            p
         }
-        Err(e) => {
-            vm.kill();
-            return Err(with_console(e, &config.console_log));
-        }
+        None => launch(
+            args,
+            &state,
+            &host,
+            cmdline,
+            &plan,
+            &plumbed,
+            &early,
+            &mut trace,
+            &mut guest_log,
+        )?,
     };
+    let Launched {
+        mut vm,
+        mut guest,
+        guest_ram,
+    } = launched;
     for request in &early {
         if let Err(e) = request.answered(&mut guest, timeout, &mut guest_log) {
             vm.kill();
-            return Err(with_console(e, &config.console_log));
+            return Err(with_console(e, &console_log));
         }
         if matches!(request.msg, HostMessage::Network { .. }) {
             trace.mark("guest network");
@@ -460,8 +412,6 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             return Err(io_error(format!("cannot listen on {}", cli_path.display()))(e));
         }
     };
-    // QEMU holds the taps now.
-    drop(config);
     let nic_names = plumbed
         .guest
         .interfaces
@@ -499,6 +449,160 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         guest_ram,
         nic_names,
     })
+}
+
+/// A VM whose guest agent said Hello, with the container's requests sent.
+struct Launched {
+    vm: Box<dyn Vm>,
+    guest: UnixStream,
+    guest_ram: Option<GuestRam>,
+}
+
+/// A VM of the pool (`microvm::pool`) for this container, moved in, when
+/// the pool is on, has one of this container's key, and the container
+/// needs no NIC; `None` boots one.
+fn pooled_vm(
+    args: &Args,
+    state: &VmState,
+    host: &Host,
+    cmdline: &str,
+    plan: &super::spec::GuestPlan,
+    plumbed: &super::net::Plumbed,
+    backend: super::vmm::choice::BackendKind,
+) -> Option<Launched> {
+    if args.config.microvm.pool_size() == 0 {
+        return None;
+    }
+    let why_not = if !plumbed.nics.is_empty() {
+        Some("it needs a NIC")
+    } else if plan.guest_ram_mib.is_some() {
+        Some("its VM has a balloon")
+    } else if backend != super::vmm::choice::BackendKind::Qemu {
+        Some("its VMM is not qemu")
+    } else {
+        None
+    };
+    if let Some(why) = why_not {
+        tracing::debug!("container {}: no pooled VM: {why}", state.id);
+        return None;
+    }
+    let root = args.dir.parent()?;
+    let key = super::pool::Key::new(host, cmdline, plan.vcpus, plan.memory_mib);
+    let Some(claim) = super::pool::claim(root, &key) else {
+        tracing::debug!("container {}: no pooled VM of its key waits", state.id);
+        return None;
+    };
+    let cgroup = state.cgroup_path.clone();
+    let mut join = |pid: i32| {
+        stage::join_cgroup(&cgroup, args.systemd_cgroup, &state.id, pid).map_err(|e| e.to_string())
+    };
+    match super::pool::move_in(claim, &args.dir, &plan.staged, &mut join) {
+        Ok((vm, guest, _)) => {
+            tracing::info!("container {}: took a pooled microVM", state.id);
+            Some(Launched {
+                vm: Box::new(vm),
+                guest,
+                guest_ram: None,
+            })
+        }
+        Err(e) => {
+            tracing::warn!("container {}: cannot take a pooled VM: {e}", state.id);
+            None
+        }
+    }
+}
+
+/// Boots the container's VM: stages the share, launches the VMM and waits
+/// for the agent's Hello, sending `early` as soon as the control port is
+/// connected.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    args: &Args,
+    state: &VmState,
+    host: &Host,
+    cmdline: String,
+    plan: &super::spec::GuestPlan,
+    plumbed: &super::net::Plumbed,
+    early: &[Early],
+    trace: &mut trace::BootTrace,
+    guest_log: &mut guest_log::GuestLog,
+) -> Result<Launched, SupervisorError> {
+    let dir = &args.dir;
+    let share_dir = dir.join("share");
+    stage::share(&share_dir, &plan.staged)?;
+    stage::agent(&share_dir, host.guest_agent.as_deref())?;
+    let listener = super::sock::bind(dir, CONTROL_SOCKET)
+        .map_err(io_error("cannot listen on the control socket"))?;
+    let config = VmConfig {
+        name: state.id.clone(),
+        kernel: host.kernel.clone(),
+        initramfs: None,
+        cmdline,
+        vcpus: plan.vcpus,
+        memory_mib: plan.memory_mib,
+        balloon: plan.guest_ram_mib.is_some(),
+        share_dir,
+        control_socket: CONTROL_SOCKET.into(),
+        console_log: dir.join(CONSOLE_LOG),
+        run_dir: dir.clone(),
+        kvm: host.accel == Accel::Kvm,
+        nics: plumbed.nics.clone(),
+        vmm_user: super::vmm::jail::Identity::for_supervisor(
+            args.config.microvm.vmm_uid_base(),
+            std::process::id(),
+        ),
+    };
+    let backend = super::vmm::for_host(host);
+    tracing::info!(
+        "container {}: booting {} vCPU / {} MiB microVM with {} ({}: {})",
+        state.id,
+        config.vcpus,
+        config.memory_mib,
+        backend.name(),
+        host.accel.as_str(),
+        host.accel_reason
+    );
+    trace.mark("share");
+    let mut vm = backend.launch(&config)?;
+    // A VM booted with the configured ceiling starts its guest with what
+    // the limit needs; the balloon holds the rest until an update.
+    let guest_ram = match (plan.guest_ram_mib, vm.take_guest_ram()) {
+        (Some(mib), Some(mut control)) => {
+            if let Err(e) = control.set_guest_ram(mib) {
+                vm.kill();
+                return Err(e.into());
+            }
+            Some(GuestRam {
+                control,
+                current_mib: mib,
+                vm_mib: plan.memory_mib,
+            })
+        }
+        _ => None,
+    };
+    trace.mark("vmm launch");
+    let handshaken = handshake(
+        &listener,
+        vm.as_mut(),
+        args.config.microvm.boot_timeout(),
+        &config.console_log,
+        guest_log,
+        early,
+    );
+    match handshaken {
+        Ok((guest, milestones)) => {
+            trace.guest_booted(milestones);
+            Ok(Launched {
+                vm,
+                guest,
+                guest_ram,
+            })
+        }
+        Err(e) => {
+            vm.kill();
+            Err(with_console(e, &config.console_log))
+        }
+    }
 }
 
 /// Sends a boot request and waits for the reply `expected` accepts: the
@@ -539,7 +643,7 @@ fn with_console(e: SupervisorError, console: &Path) -> SupervisorError {
 }
 
 /// A request sent with the handshake, before the agent's Hello.
-struct Early {
+pub(crate) struct Early {
     what: &'static str,
     msg: HostMessage,
     /// The reply that means it was done.
@@ -566,7 +670,7 @@ impl Early {
 }
 
 /// Waits for the VMM to connect the control port and the agent's Hello.
-fn handshake(
+pub(crate) fn handshake(
     listener: &UnixListener,
     vm: &mut dyn Vm,
     timeout: Duration,

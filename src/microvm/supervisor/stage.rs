@@ -140,6 +140,23 @@ pub fn cgroup(spec: &Spec, id: &str, systemd: bool) -> Result<PathBuf, StageErro
     Ok(path)
 }
 
+/// Moves process `pid` (all its threads) into the VM's cgroup `path`,
+/// made by [`cgroup`] already.
+pub fn join_cgroup(path: &Path, systemd: bool, id: &str, pid: i32) -> Result<(), StageError> {
+    let err = |message: String| StageError::Cgroup {
+        path: path.to_path_buf(),
+        message,
+    };
+    let cm = libcgroups::common::create_cgroup_manager(CgroupConfig {
+        cgroup_path: path.to_path_buf(),
+        systemd_cgroup: systemd,
+        container_name: id.to_string(),
+    })
+    .map_err(|e| err(e.to_string()))?;
+    cm.add_task(Pid::from_raw(pid))
+        .map_err(|e| err(e.to_string()))
+}
+
 /// Makes the spec's mount points in a read-only rootfs on the host, as
 /// runc does before it makes the root read-only: the guest cannot, since
 /// the share is read-only already. A mount inside another mount's

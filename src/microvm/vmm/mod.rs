@@ -93,6 +93,11 @@ pub trait Vm: Send {
     /// Host processes that run the VM besides the supervisor (none for an
     /// in-process VMM): the only ones the jailed supervisor may signal.
     fn host_pids(&self) -> Vec<i32>;
+    /// The host processes by name (`qemu`, `virtiofsd`, ...), as
+    /// [`Vm::host_pids`].
+    fn host_processes(&self) -> Vec<(&'static str, i32)> {
+        self.host_pids().into_iter().map(|p| ("vmm", p)).collect()
+    }
     /// The control of how much of its RAM the guest may use (a balloon
     /// holds the rest), handed out once; `None` where the VMM has none.
     fn take_guest_ram(&mut self) -> Option<Box<dyn GuestRam>>;
@@ -231,6 +236,13 @@ impl Vm for ProcessVm {
 
     fn host_pids(&self) -> Vec<i32> {
         self.processes.iter().map(|h| h.child.id() as i32).collect()
+    }
+
+    fn host_processes(&self) -> Vec<(&'static str, i32)> {
+        self.processes
+            .iter()
+            .map(|h| (h.name, h.child.id() as i32))
+            .collect()
     }
 
     fn take_guest_ram(&mut self) -> Option<Box<dyn GuestRam>> {

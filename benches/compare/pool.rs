@@ -1,0 +1,56 @@
+//! Part (a)'s warm-pool entry: the microvm tier with `microvm.pool = 1`
+//! (`src/microvm/pool.rs`), filled before its rounds and drained after.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::oci::Workspace;
+use crate::runtimes::{self, Runtime};
+
+/// The pooled entry, its root cleared and its pool filled (one VM booted).
+pub fn start(ws: &Workspace, microvm: &Runtime) -> Result<Runtime, String> {
+    let rt = runtimes::pooled(microvm, &ws.dir)?;
+    ws.clear_root(&rt).map_err(|e| e.to_string())?;
+    let root = ws.root(&rt);
+    let out = rt
+        .command(&root)
+        .args(["pool", "fill", "--wait"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("agentvm pool fill: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "agentvm pool fill --wait: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(rt)
+}
+
+/// Whether a VM of the pool in `root` has booted and waits.
+fn ready(root: &Path) -> bool {
+    let Ok(slots) = std::fs::read_dir(root.join(".~pool")) else {
+        return false;
+    };
+    slots.flatten().any(|s| s.path().join("ready").exists())
+}
+
+/// Waits (at most 60 s) until the pool holds a booted VM again.
+pub fn wait_ready(ws: &Workspace, rt: &Runtime) {
+    let root = ws.root(rt);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready(&root) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Ends the pool's VMs.
+pub fn drain(ws: &Workspace, rt: &Runtime) {
+    let root = ws.root(rt);
+    let _ = rt
+        .command(&root)
+        .args(["pool", "drain"])
+        .stdin(Stdio::null())
+        .status();
+}

@@ -1,0 +1,332 @@
+//! The warm pool of booted microVMs (`microvm.pool`, `src/microvm/pool.rs`):
+//! a container that fits takes a VM booted before it (no kernel boot in its
+//! trace), never one another container used; one that does not fit boots
+//! its own; the pool refills; a keeper hands its VM to the process that
+//! claimed it and to no one else; `pool drain` leaves nothing behind.
+//!
+//! Needs what tests/microvm.rs needs; the pool is QEMU's only, so under the
+//! builtin VMM each test says `skipped`.
+
+use agentvm_test_support as common;
+use common::require;
+
+use std::path::{Path, PathBuf};
+
+use common::bundle::{assert_nothing_left, processes_with, Fixture};
+use common::wait_for;
+
+/// A microvm fixture whose config keeps a pool of one VM, with a host
+/// directory mounted at /out in the guest.
+fn pooled() -> Result<Fixture, String> {
+    if common::guest::builtin() {
+        return Err("the pool boots VMs with the qemu backend only (vmm = builtin)".into());
+    }
+    let f = common::guest::microvm_fixture("pool = 1\n")?;
+    std::fs::create_dir(out_dir(&f)).map_err(|e| format!("out dir: {e}"))?;
+    Ok(f)
+}
+
+fn out_dir(f: &Fixture) -> PathBuf {
+    f.dir.path().join("out")
+}
+
+fn pool_dir(f: &Fixture) -> PathBuf {
+    f.root().join(".~pool")
+}
+
+/// A bundle running `script` with the out directory at /out, and
+/// `resources` as linux.resources when given.
+fn write_script(f: &Fixture, script: &str, resources: Option<serde_json::Value>) {
+    let out = out_dir(f);
+    f.write_config(&["sh", "-c", script], |c| {
+        c["mounts"]
+            .as_array_mut()
+            .expect("mounts")
+            .push(serde_json::json!({
+                "destination": "/out", "type": "bind",
+                "source": out, "options": ["rbind", "rw"]
+            }));
+        if let Some(r) = resources {
+            c["linux"]["resources"] = r;
+        }
+    });
+}
+
+/// `pool list` as (slot, pid, state) rows.
+fn slots(f: &Fixture) -> Vec<(String, i32, String)> {
+    let out = f.agentvm(&["pool", "list"]).ok();
+    out.stdout
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split('\t').collect();
+            Some((
+                cols.first()?.to_string(),
+                cols.get(1)?.parse().ok()?,
+                cols.get(2)?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Waits until the pool holds one ready VM; returns its slot and keeper.
+#[track_caller]
+fn ready_slot(f: &Fixture) -> (String, i32) {
+    wait_for(120, || {
+        let s = slots(f);
+        match s.as_slice() {
+            [(slot, pid, state)] if state == "ready" => Some((slot.clone(), *pid)),
+            _ => None,
+        }
+    })
+    .unwrap_or_else(|| panic!("the pool never held one ready VM: {:?}", slots(f)))
+}
+
+fn fill(f: &Fixture) -> (String, i32) {
+    let out = f.agentvm(&["pool", "fill", "--wait"]);
+    assert_eq!(out.code, 0, "{out}");
+    ready_slot(f)
+}
+
+/// The parts of the boot trace `create` recorded.
+fn boot_parts(f: &Fixture, id: &str) -> Vec<String> {
+    let text = std::fs::read(f.root().join(id).join("microvm.json")).expect("microvm.json");
+    let state: serde_json::Value = serde_json::from_slice(&text).expect("json");
+    state["boot"]
+        .as_array()
+        .expect("boot trace")
+        .iter()
+        .map(|p| p["part"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+/// Runs `id` to its end with create/start, returns its exit status and
+/// boot trace, and deletes it.
+fn run_to_end(f: &Fixture, id: &str) -> (i64, Vec<String>) {
+    let out = f.create(id);
+    assert_eq!(out.code, 0, "{out}");
+    let parts = boot_parts(f, id);
+    let out = f.agentvm(&["start", id]);
+    assert_eq!(out.code, 0, "{out}");
+    let status = wait_for(60, || {
+        let s = f.state(id);
+        (s["status"] == "stopped").then_some(())
+    });
+    assert!(status.is_some(), "{id} never stopped: {}", f.state(id));
+    let text = std::fs::read(f.root().join(id).join("microvm.json")).expect("microvm.json");
+    let state: serde_json::Value = serde_json::from_slice(&text).expect("json");
+    let code = state["exit_status"].as_i64().expect("exit status");
+    let out = f.agentvm(&["delete", id]);
+    assert_eq!(out.code, 0, "{out}");
+    (code, parts)
+}
+
+fn drain_and_check(f: &Fixture, ids: &[&str]) {
+    let out = f.agentvm(&["pool", "drain"]);
+    assert_eq!(out.code, 0, "{out}");
+    assert!(!pool_dir(f).exists(), "pool directory left");
+    let root = f.root().display().to_string();
+    assert_eq!(
+        processes_with(&root),
+        Vec::<String>::new(),
+        "keeper or VM left"
+    );
+    for id in ids {
+        assert_nothing_left(f, id);
+    }
+}
+
+#[test]
+fn a_container_takes_a_booted_vm_never_one_used_before_and_the_pool_refills() {
+    let f = require!(pooled());
+    let (slot, keeper) = fill(&f);
+    write_script(
+        &f,
+        "cat /proc/sys/kernel/random/boot_id > /out/boot; ls / > /out/root; exit 3",
+        None,
+    );
+    let (code, parts) = run_to_end(&f, "pool-a");
+    assert_eq!(code, 3, "the workload's exit status");
+    assert!(parts.contains(&"pool".to_string()), "{parts:?}");
+    assert!(
+        !parts.contains(&"kernel".to_string()),
+        "the kernel booted for the container: {parts:?}"
+    );
+    let root = std::fs::read_to_string(out_dir(&f).join("root")).expect("root listing");
+    assert!(
+        root.lines().any(|l| l == "bin"),
+        "not the bundle's rootfs: {root}"
+    );
+    // The VM went with its container, and its keeper with it.
+    assert!(
+        wait_for(10, || (!alive(keeper)).then_some(())).is_some(),
+        "the keeper of the VM outlived its container"
+    );
+    // `create` started another VM for the next container.
+    let (slot2, _) = ready_slot(&f);
+    assert_ne!(slot2, slot, "the used VM came back to the pool");
+    let first = std::fs::read_to_string(out_dir(&f).join("boot")).expect("first boot id");
+    let (code, parts) = run_to_end(&f, "pool-b");
+    assert_eq!(code, 3);
+    assert!(parts.contains(&"pool".to_string()), "{parts:?}");
+    let second = std::fs::read_to_string(out_dir(&f).join("boot")).expect("second boot id");
+    assert_ne!(first, second, "two containers ran in the same VM");
+    assert_ne!(first.trim(), common::host_boot_id(), "the host's kernel");
+    drain_and_check(&f, &["pool-a", "pool-b"]);
+}
+
+#[test]
+fn a_container_that_does_not_fit_boots_its_own_vm_and_leaves_the_pool_alone() {
+    let f = require!(pooled());
+    let (slot, keeper) = fill(&f);
+    // A memory limit sizes the VM: not the pool's size.
+    write_script(
+        &f,
+        "exit 0",
+        Some(serde_json::json!({"memory": {"limit": 200_000_000}})),
+    );
+    let (code, parts) = run_to_end(&f, "pool-fit");
+    assert_eq!(code, 0);
+    assert!(parts.contains(&"kernel".to_string()), "{parts:?}");
+    assert!(!parts.contains(&"pool".to_string()), "{parts:?}");
+    assert_eq!(ready_slot(&f), (slot, keeper), "the pool's VM was touched");
+    drain_and_check(&f, &["pool-fit"]);
+}
+
+/// What the keeper of `slot` answers a connection from this process, or
+/// from uid 65534 with `nobody`: the bytes and descriptors it sent.
+fn ask_keeper(f: &Fixture, slot: &str, nobody: bool) -> Result<(usize, usize), String> {
+    let path = pool_dir(f).join(slot).join("keeper.sock");
+    let path = std::ffi::CString::new(path.to_str().expect("utf-8")).expect("path");
+    let (r, w) = nix::unistd::pipe().map_err(|e| e.to_string())?;
+    // SAFETY: the child makes system calls only (no allocation) and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        use std::os::fd::AsRawFd;
+        // SAFETY: raw system calls on memory this frame owns.
+        unsafe {
+            if nobody && (libc::setgid(65534) != 0 || libc::setuid(65534) != 0) {
+                libc::_exit(10);
+            }
+            let s = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            let mut addr: libc::sockaddr_un = std::mem::zeroed();
+            addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+            let bytes = path.as_bytes_with_nul();
+            if bytes.len() > addr.sun_path.len() {
+                libc::_exit(11);
+            }
+            for (i, b) in bytes.iter().enumerate() {
+                addr.sun_path[i] = *b as libc::c_char;
+            }
+            let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+            if libc::connect(s, &addr as *const _ as *const libc::sockaddr, len) != 0 {
+                libc::_exit(12);
+            }
+            let ask = b"adopt\n";
+            libc::write(s, ask.as_ptr() as *const libc::c_void, ask.len());
+            let mut buf = [0u8; 4096];
+            let mut cbuf = [0u8; 256];
+            let mut iov = libc::iovec {
+                iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+                iov_len: buf.len(),
+            };
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = cbuf.len();
+            let n = libc::recvmsg(s, &mut msg, 0);
+            let c = if n > 0 {
+                libc::CMSG_FIRSTHDR(&msg)
+            } else {
+                std::ptr::null_mut()
+            };
+            let fds = if c.is_null() || ((*c).cmsg_len as usize) < libc::CMSG_LEN(0) as usize {
+                0
+            } else {
+                ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4
+            };
+            let report = [n.max(0) as u32, fds as u32];
+            libc::write(
+                w.as_raw_fd(),
+                report.as_ptr() as *const libc::c_void,
+                std::mem::size_of_val(&report),
+            );
+            libc::_exit(0);
+        }
+    }
+    drop(w);
+    let mut status = 0;
+    // SAFETY: waitpid on the child just forked.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let code = libc::WEXITSTATUS(status);
+    if code != 0 {
+        return Err(format!("the client exited {code}"));
+    }
+    let mut report = [0u8; 8];
+    let mut file = std::fs::File::from(r);
+    std::io::Read::read_exact(&mut file, &mut report).map_err(|e| e.to_string())?;
+    let n = u32::from_ne_bytes(report[..4].try_into().expect("4 bytes")) as usize;
+    let fds = u32::from_ne_bytes(report[4..].try_into().expect("4 bytes")) as usize;
+    Ok((n, fds))
+}
+
+#[test]
+fn a_keeper_hands_its_vm_only_to_the_root_process_that_claimed_it() {
+    let f = require!(pooled());
+    let (slot, keeper) = fill(&f);
+    // Another user cannot even connect (the socket is root's, 0755).
+    match ask_keeper(&f, &slot, true) {
+        Err(e) => assert_eq!(e, "the client exited 12", "uid 65534"),
+        Ok(got) => assert_eq!(got, (0, 0), "uid 65534 got the VM"),
+    }
+    // Root without claiming the slot first gets nothing either.
+    assert_eq!(ask_keeper(&f, &slot, false), Ok((0, 0)), "unclaimed");
+    // The VM still waits, untouched, and a container takes it.
+    assert_eq!(ready_slot(&f), (slot.clone(), keeper));
+    write_script(&f, "exit 5", None);
+    let (code, parts) = run_to_end(&f, "pool-after");
+    assert_eq!(code, 5);
+    assert!(parts.contains(&"pool".to_string()), "{parts:?}");
+    drain_and_check(&f, &["pool-after"]);
+}
+
+#[test]
+fn a_pooled_vm_that_dies_while_it_waits_leaves_the_pool_and_is_replaced() {
+    let f = require!(pooled());
+    let (slot, keeper) = fill(&f);
+    let qemu = common::bundle::children_of(keeper)
+        .iter()
+        .find(|p| p.contains("qemu-system"))
+        .and_then(|p| p.split(':').next()?.parse::<i32>().ok())
+        .expect("the keeper's QEMU");
+    // SAFETY: kill(2) on the pid just looked up.
+    assert_eq!(unsafe { libc::kill(qemu, libc::SIGKILL) }, 0);
+    assert!(
+        wait_for(20, || (!pool_dir(&f).join(&slot).exists()).then_some(())).is_some(),
+        "the dead VM's slot stayed: {:?}",
+        slots(&f)
+    );
+    assert!(!alive(keeper), "its keeper stayed");
+    let (slot2, _) = fill(&f);
+    assert_ne!(slot2, slot);
+    drain_and_check(&f, &[]);
+}
+
+#[test]
+fn pool_commands_say_what_is_wrong() {
+    let f = require!(common::guest::microvm_fixture(""));
+    let out = f.agentvm(&["pool", "fill"]);
+    assert_eq!(out.code, 1, "{out}");
+    assert!(out.stderr.contains("microvm.pool"), "{out}");
+    let out = f.agentvm(&["pool", "drain"]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(f.leftovers(), Vec::<String>::new());
+}
