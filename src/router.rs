@@ -56,6 +56,10 @@ pub const VETH_PREFIX: &str = "avveth";
 pub enum Sandbox<'a> {
     /// A tap each (`avtap0`…), served by a VMM.
     Taps,
+    /// Taps a VM booted before its container already serves (a pooled VM's,
+    /// `microvm::pool`), moved into the namespace with these names: they
+    /// are configured, none is made.
+    MadeTaps,
     /// A veth pair each (`avveth0`…), whose other end is made in the
     /// namespace open as this descriptor with the interface's name, MAC
     /// and MTU: the container tier's workload namespace.
@@ -66,7 +70,7 @@ impl Sandbox<'_> {
     /// The prefix of the sandbox-side interfaces' names in the router.
     pub fn prefix(&self) -> &'static str {
         match self {
-            Sandbox::Taps => TAP_PREFIX,
+            Sandbox::Taps | Sandbox::MadeTaps => TAP_PREFIX,
             Sandbox::Veths(_) => VETH_PREFIX,
         }
     }
@@ -139,6 +143,34 @@ pub struct Kept {
 /// An IPv6 link-local destination (`fe80::/10`), which is never routed.
 fn is_link_local(addr: &IpAddr) -> bool {
     matches!(addr, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80)
+}
+
+/// Why the guest does not get namespace interface `link` (`addrs` being
+/// the namespace's addresses), or `None` when it gets a NIC for it.
+fn not_for_the_guest(link: &Link, addrs: &[netlink::Address]) -> Option<&'static str> {
+    if link.mac.is_none() || !link.ether {
+        return Some("not an Ethernet interface; the microVM does not get it");
+    }
+    let v4 = addrs
+        .iter()
+        .any(|a| a.index == link.index && a.global && a.addr.is_ipv4());
+    if !v4 || !link.up {
+        return Some("down or without an IPv4 address; the microVM does not get it");
+    }
+    None
+}
+
+/// How many NICs [`plumb`] would give the guest in the current network
+/// namespace.
+pub fn guest_nics() -> Result<usize, NetError> {
+    let mut nl = Netlink::open()?;
+    let links = nl.links()?;
+    let addrs = nl.addresses()?;
+    Ok(links
+        .iter()
+        .filter(|l| !l.loopback && !l.name.starts_with(TAP_PREFIX))
+        .filter(|l| not_for_the_guest(l, &addrs).is_none())
+        .count())
 }
 
 /// What [`plumb`] set up. Dropped before [`Plumbed::keep`], it puts the
@@ -383,6 +415,10 @@ pub fn plumb(
         .filter(|l| !l.loopback && !l.name.starts_with(sandbox.prefix()))
         .collect();
     for link in candidates {
+        if let Some(why) = not_for_the_guest(link, &addrs) {
+            out.warnings.push(format!("{}: {why}", link.name));
+            continue;
+        }
         let v4: Vec<_> = addrs
             .iter()
             .filter(|a| a.index == link.index && a.global && a.addr.is_ipv4())
@@ -394,23 +430,13 @@ pub fn plumb(
             .copied()
             .collect();
         let route_v6 = !v6.is_empty();
-        let Some(mac) = link.mac.filter(|_| link.ether) else {
-            out.warnings.push(format!(
-                "{}: not an Ethernet interface; the microVM does not get it",
-                link.name
-            ));
+        let Some(mac) = link.mac else {
             continue;
         };
-        if v4.is_empty() || !link.up {
-            out.warnings.push(format!(
-                "{}: down or without an IPv4 address; the microVM does not get it",
-                link.name
-            ));
-            continue;
-        }
         let tap_name = format!("{}{}", sandbox.prefix(), out.guest.interfaces.len());
         let tap = match sandbox {
             Sandbox::Taps => Some(open_tap(&tap_name)?),
+            Sandbox::MadeTaps => None,
             Sandbox::Veths(netns) => {
                 nl.add_veth(&tap_name, &link.name, mac, link.mtu, netns.as_raw_fd())?;
                 None
@@ -541,6 +567,7 @@ pub fn plumb(
         out.guest.interfaces.push(Interface {
             name: link.name.clone(),
             mac: netlink::format_mac(&mac),
+            boot_mac: None,
             mtu: link.mtu,
             addresses: routed
                 .iter()
@@ -871,7 +898,7 @@ struct IfReq {
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 
 /// Creates tap `name` (gone when its last descriptor closes).
-fn open_tap(name: &str) -> Result<OwnedFd, NetError> {
+pub fn open_tap(name: &str) -> Result<OwnedFd, NetError> {
     let what = || format!("create tap {name} (/dev/net/tun)");
     let path = c"/dev/net/tun";
     // SAFETY: open(2) with a NUL-terminated path; the result is checked.

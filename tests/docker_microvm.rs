@@ -316,3 +316,76 @@ fn network_none_and_default_bridge_start() {
     let out = d.run_rm(&[], &["ls", "/sys/class/net"]).ok();
     assert_eq!(out.out(), "eth0\nlo");
 }
+
+/// Ends the VMs the `agentvm-pool` runtime keeps booted, when dropped.
+struct DrainPool(std::path::PathBuf);
+
+impl DrainPool {
+    fn agentvm(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(common::agentvm_bin())
+            .arg("--root")
+            .arg(&self.0)
+            .arg("--config")
+            .arg(common::docker::pool_config())
+            .args(args)
+            .output()
+            .expect("run agentvm")
+    }
+
+    /// The pool's VM that has booted and waits, by slot name.
+    fn ready(&self) -> Option<String> {
+        std::fs::read_dir(self.0.join(".~pool"))
+            .ok()?
+            .flatten()
+            .find(|s| s.path().join("ready").exists())
+            .map(|s| s.file_name().to_string_lossy().into_owned())
+    }
+}
+
+impl Drop for DrainPool {
+    fn drop(&mut self) {
+        let _ = self.agentvm(&["pool", "drain"]);
+    }
+}
+
+#[test]
+fn docker_run_takes_booted_vms_from_a_warm_pool() {
+    require!(microvm_docker());
+    let d = require!(docker_with(Runtime::AgentvmPool));
+    let pool = DrainPool(common::docker::runtime_root());
+    let out = pool.agentvm(&["pool", "fill", "--wait"]);
+    assert!(out.status.success(), "{out:?}");
+    let mut seen = Vec::new();
+    for round in 0..2 {
+        let waiting = wait_for(60, || pool.ready()).expect("a booted VM waits in the pool");
+        let out = d
+            .run_rm(
+                &[],
+                &[
+                    "sh",
+                    "-c",
+                    "cat /proc/sys/kernel/random/boot_id; ip -4 -o addr show eth0; exit 3",
+                ],
+            )
+            .code(3);
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        assert_eq!(lines.len(), 2, "round {round}: {out}");
+        assert_ne!(lines[0], common::host_boot_id(), "the host's kernel");
+        assert!(
+            lines[1].contains("inet 172.30.213."),
+            "round {round}: the guest has the bridge's address: {out}"
+        );
+        // The VM that waited is the one the container took.
+        assert!(
+            wait_for(10, || (!common::docker::runtime_root()
+                .join(".~pool")
+                .join(&waiting)
+                .exists())
+            .then_some(()))
+            .is_some(),
+            "round {round}: the waiting VM {waiting} is still in the pool"
+        );
+        seen.push(lines[0].to_string());
+    }
+    assert_ne!(seen[0], seen[1], "two containers ran in one VM");
+}

@@ -330,3 +330,67 @@ fn pool_commands_say_what_is_wrong() {
     assert_eq!(out.code, 0, "{out}");
     assert_eq!(f.leftovers(), Vec::<String>::new());
 }
+
+#[test]
+fn a_pooled_vm_s_nic_becomes_the_container_s_network() {
+    use common::netns::{ip_out, Netns, GUEST, PEER};
+    let f = require!(pooled());
+    if let Some(why) = common::host_unsuitable(&["ip"]) {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let (slot, _) = fill(&f);
+    let ns = Netns::new("pool");
+    let before = ns.snapshot();
+    let path = ns.path();
+    let out = out_dir(&f);
+    f.write_config(
+        &[
+            "sh",
+            "-c",
+            "{ ip -4 -o addr show eth0; cat /sys/class/net/eth0/address; \
+             ping -c 1 -W 5 10.231.0.1 >/dev/null && echo ping-ok; } > /out/net",
+        ],
+        |c| {
+            for n in c["linux"]["namespaces"]
+                .as_array_mut()
+                .expect("namespaces")
+                .iter_mut()
+            {
+                if n["type"] == "network" {
+                    n["path"] = serde_json::json!(path);
+                }
+            }
+            let caps = serde_json::json!(["CAP_NET_ADMIN", "CAP_NET_RAW"]);
+            c["process"]["capabilities"] = serde_json::json!({
+                "bounding": caps, "effective": caps, "permitted": caps
+            });
+            c["mounts"].as_array_mut().expect("mounts").extend([
+                serde_json::json!({
+                    "destination": "/out", "type": "bind",
+                    "source": out, "options": ["rbind", "rw"]
+                }),
+                serde_json::json!({
+                    "destination": "/sys", "type": "sysfs", "source": "sysfs",
+                    "options": ["nosuid", "noexec", "nodev", "ro"]
+                }),
+            ]);
+        },
+    );
+    let (code, parts) = run_to_end(&f, "pool-net");
+    assert_eq!(code, 0);
+    assert!(parts.contains(&"pool".to_string()), "{parts:?}");
+    let net = std::fs::read_to_string(out_dir(&f).join("net")).expect("net");
+    assert!(net.contains(&format!("inet {GUEST}/24")), "{net}");
+    let guest_mac = net.lines().nth(1).unwrap_or_default().to_string();
+    let ns_mac = ip_out(&["-n", &ns.container, "-o", "link", "show", "eth0"]);
+    assert!(
+        !guest_mac.is_empty() && ns_mac.contains(&guest_mac),
+        "the guest's MAC {guest_mac} is the namespace interface's: {ns_mac}"
+    );
+    assert!(net.contains("ping-ok"), "{net} (peer {PEER})");
+    // The pooled VM's tap went with it.
+    assert_eq!(ns.snapshot(), before, "the namespace is as it was");
+    assert_ne!(ready_slot(&f).0, slot);
+    drain_and_check(&f, &["pool-net"]);
+}

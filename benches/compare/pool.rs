@@ -28,6 +28,50 @@ pub fn start(ws: &Workspace, microvm: &Runtime) -> Result<Runtime, String> {
     Ok(rt)
 }
 
+/// Part (b)'s warm-pool entry: the test dockerd's runtime `agentvm-pool`
+/// (`tests/support/src/docker.rs`), its pool in the dockerd's runtime root
+/// filled.
+pub fn docker_start(microvm: &Runtime) -> Result<Runtime, String> {
+    let rt = Runtime {
+        name: runtimes::MICROVM_POOL,
+        program: microvm.program.clone(),
+        global_args: vec!["--config".to_string(), crate::common::docker::pool_config()],
+        docker_name: "agentvm-pool",
+        slow: true,
+    };
+    let root = crate::common::docker::runtime_root();
+    let out = rt
+        .command(&root)
+        .args(["pool", "fill", "--wait"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("agentvm pool fill: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "agentvm pool fill --wait: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(rt)
+}
+
+/// Waits (at most 60 s) until the pool in `root` holds a booted VM again.
+pub fn wait_ready_in(root: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready(root) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Ends the VMs of the pool in `root`.
+pub fn drain_in(rt: &Runtime, root: &Path) {
+    let _ = rt
+        .command(root)
+        .args(["pool", "drain"])
+        .stdin(Stdio::null())
+        .status();
+}
+
 /// Whether a VM of the pool in `root` has booted and waits.
 fn ready(root: &Path) -> bool {
     let Ok(slots) = std::fs::read_dir(root.join(".~pool")) else {
@@ -38,19 +82,10 @@ fn ready(root: &Path) -> bool {
 
 /// Waits (at most 60 s) until the pool holds a booted VM again.
 pub fn wait_ready(ws: &Workspace, rt: &Runtime) {
-    let root = ws.root(rt);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !ready(&root) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_ready_in(&ws.root(rt));
 }
 
 /// Ends the pool's VMs.
 pub fn drain(ws: &Workspace, rt: &Runtime) {
-    let root = ws.root(rt);
-    let _ = rt
-        .command(&root)
-        .args(["pool", "drain"])
-        .stdin(Stdio::null())
-        .status();
+    drain_in(rt, &ws.root(rt));
 }

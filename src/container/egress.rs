@@ -227,6 +227,7 @@ fn interfaces(nl: &mut Netlink) -> Result<Vec<(Link, Interface)>, EgressError> {
                 .as_ref()
                 .map(netlink::format_mac)
                 .unwrap_or_default(),
+            boot_mac: None,
             mtu: link.mtu,
             addresses: mine,
             routes: own

@@ -66,6 +66,10 @@ fn validate(network: &Network) -> Result<Vec<[u8; 6]>, NetError> {
         }
         let mac = netlink::parse_mac(&i.mac)
             .ok_or_else(|| NetError::Invalid(format!("bad MAC {:?}", i.mac)))?;
+        if let Some(b) = &i.boot_mac {
+            netlink::parse_mac(b)
+                .ok_or_else(|| NetError::Invalid(format!("bad boot MAC {b:?}")))?;
+        }
         if !(68..=65535).contains(&i.mtu) {
             return Err(NetError::Invalid(format!("bad MTU {}", i.mtu)));
         }
@@ -112,12 +116,22 @@ pub fn configure(network: &Network) -> Result<PathBuf, NetError> {
     let mut nl = Netlink::open()?;
     let links = nl.links()?;
     for (iface, mac) in network.interfaces.iter().zip(&macs) {
+        // Validated above.
+        let boot = iface.boot_mac.as_deref().and_then(netlink::parse_mac);
+        let find = boot.as_ref().unwrap_or(mac);
         let link = links
             .iter()
-            .find(|l| l.mac.as_ref() == Some(mac))
+            .find(|l| l.mac.as_ref() == Some(find))
             .ok_or_else(|| {
-                NetError::Invalid(format!("no NIC with MAC {} for {}", iface.mac, iface.name))
+                NetError::Invalid(format!(
+                    "no NIC with MAC {} for {}",
+                    netlink::format_mac(find),
+                    iface.name
+                ))
             })?;
+        if boot.is_some() {
+            nl.set_link(link.index, None, Some(*mac), None, false)?;
+        }
         nl.move_link(link.index, ns.as_raw_fd())?;
     }
 
@@ -187,6 +201,7 @@ mod tests {
         Interface {
             name: "eth0".into(),
             mac: "02:42:ac:11:00:02".into(),
+            boot_mac: None,
             mtu: 1500,
             addresses: vec![IpNet {
                 addr: "172.17.0.2".parse().unwrap(),
@@ -217,6 +232,10 @@ mod tests {
                 ..iface()
             },
             Interface { mtu: 10, ..iface() },
+            Interface {
+                boot_mac: Some("02:42".into()),
+                ..iface()
+            },
             Interface {
                 addresses: vec![IpNet {
                     addr: "172.17.0.2".parse().unwrap(),

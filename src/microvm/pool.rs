@@ -57,6 +57,10 @@ const KEEPER_SOCKET: &str = "keeper.sock";
 const KEEPER_LOG: &str = "keeper.log";
 /// The fd on which `pool fill --wait` hears whether a keeper's VM booted.
 const SYNC_FD: RawFd = 3;
+/// NICs a pooled VM boots with: its tap moves into the container's network
+/// namespace when the container takes it (a container with none leaves it
+/// unused, outside its own namespace in the guest).
+pub const NICS: usize = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -516,6 +520,8 @@ struct Handover {
     milestones: Option<GuestBoot>,
     /// Name and pid of QEMU and virtiofsd, in the order of their pidfds.
     processes: Vec<(String, i32)>,
+    /// The MACs the VM's NICs booted with.
+    nic_macs: Vec<String>,
 }
 
 /// A pooled VM taken by a container: QEMU and virtiofsd are the keeper's
@@ -568,6 +574,8 @@ pub struct Claim {
     pub vm: AdoptedVm,
     pub guest: UnixStream,
     pub milestones: Option<GuestBoot>,
+    /// The MACs the VM's NICs booted with, in order.
+    pub nic_macs: Vec<String>,
 }
 
 impl Claim {
@@ -596,13 +604,14 @@ pub fn claim(root: &Path, key: &Key) -> Option<Claim> {
             continue;
         }
         match take(&slot, &keeper) {
-            Ok((vm, guest, milestones)) => {
+            Ok((vm, guest, handover)) => {
                 return Some(Claim {
                     slot,
                     keeper,
                     vm,
                     guest,
-                    milestones,
+                    milestones: handover.milestones,
+                    nic_macs: handover.nic_macs,
                 })
             }
             Err(e) => {
@@ -615,19 +624,19 @@ pub fn claim(root: &Path, key: &Key) -> Option<Claim> {
     None
 }
 
+/// The adoption request, sent with the adopter's network namespace.
+const ADOPT: &[u8] = b"adopt\n";
 /// Most bytes of a handover's JSON.
 const HANDOVER_MAX: usize = 4096;
 /// Most descriptors in a handover: the control connection and a pidfd per
 /// process.
 const HANDOVER_FDS: usize = 4;
 
-/// Asks the keeper of `slot` for its VM.
-fn take(
-    slot: &Path,
-    keeper: &Keeper,
-) -> Result<(AdoptedVm, UnixStream, Option<GuestBoot>), PoolError> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-    let mut conn = super::sock::connect(slot, KEEPER_SOCKET).map_err(io(format!(
+/// Asks the keeper of `slot` for its VM; its taps come into the caller's
+/// network namespace.
+fn take(slot: &Path, keeper: &Keeper) -> Result<(AdoptedVm, UnixStream, Handover), PoolError> {
+    use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+    let conn = super::sock::connect(slot, KEEPER_SOCKET).map_err(io(format!(
         "connect {}",
         slot.join(KEEPER_SOCKET).display()
     )))?;
@@ -642,7 +651,18 @@ fn take(
             slot.display()
         )));
     }
-    conn.write_all(b"adopt\n").map_err(io("ask the keeper"))?;
+    let netns = std::fs::File::open("/proc/thread-self/ns/net")
+        .map_err(io("open our network namespace"))?;
+    let ask = [std::io::IoSlice::new(ADOPT)];
+    let fds = [netns.as_raw_fd()];
+    sendmsg::<()>(
+        conn.as_raw_fd(),
+        &ask,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(sys("ask the keeper"))?;
     let mut buf = vec![0u8; HANDOVER_MAX];
     let mut cmsg = nix::cmsg_space!([RawFd; HANDOVER_FDS]);
     let (len, fds) = {
@@ -687,7 +707,7 @@ fn take(
         .zip(fds)
         .map(|((name, pid), fd)| (part_name(name), *pid, fd))
         .collect();
-    Ok((AdoptedVm { processes }, guest, handover.milestones))
+    Ok((AdoptedVm { processes }, guest, handover))
 }
 
 /// Moves a claimed VM into the container of state directory `dir`:
@@ -825,6 +845,7 @@ struct Idle {
     vm: Box<dyn Vm>,
     guest: UnixStream,
     milestones: Option<GuestBoot>,
+    nic_macs: Vec<String>,
     listener: UnixListener,
 }
 
@@ -833,9 +854,23 @@ fn boot(slot: &Path, config: &Config, name: &str) -> Result<Idle, String> {
     let Some((host, key)) = pool_key(config).map_err(|e| e.to_string())? else {
         return Err("the pool is off (microvm.pool) or the VMM is not qemu".into());
     };
-    // An empty network of its own, which QEMU (with no NIC) keeps.
+    // An empty network of its own, where its NICs' taps wait (QEMU stays
+    // in it: its taps move to the container's namespace by descriptor).
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
         .map_err(|e| format!("unshare network namespace: {e}"))?;
+    let mut nics = Vec::new();
+    for i in 0..NICS {
+        let tap = crate::router::open_tap(&format!("{}{i}", crate::router::TAP_PREFIX))
+            .map_err(|e| e.to_string())?;
+        nics.push(crate::router::Nic {
+            tap: std::sync::Arc::new(tap),
+            mac: random_mac().map_err(|e| format!("cannot make a MAC: {e}"))?,
+        });
+    }
+    let nic_macs = nics
+        .iter()
+        .map(|n| crate::netlink::format_mac(&n.mac))
+        .collect();
     stage::private_mounts().map_err(|e| e.to_string())?;
     let share_dir = slot.join("share");
     stage::share(&share_dir, &[]).map_err(|e| e.to_string())?;
@@ -855,7 +890,7 @@ fn boot(slot: &Path, config: &Config, name: &str) -> Result<Idle, String> {
         console_log: slot.join(super::vmstate::CONSOLE_LOG),
         run_dir: slot.to_path_buf(),
         kvm: host.accel == super::host::Accel::Kvm,
-        nics: Vec::new(),
+        nics,
         vmm_user: super::vmm::jail::Identity::for_supervisor(
             config.microvm.vmm_uid_base(),
             std::process::id(),
@@ -894,8 +929,17 @@ fn boot(slot: &Path, config: &Config, name: &str) -> Result<Idle, String> {
         vm,
         guest,
         milestones,
+        nic_macs,
         listener: keeper_listener,
     })
+}
+
+/// A locally administered unicast MAC, random.
+fn random_mac() -> std::io::Result<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut mac)?;
+    mac[0] = (mac[0] & 0xfc) | 0x02;
+    Ok(mac)
 }
 
 impl Idle {
@@ -906,6 +950,7 @@ impl Idle {
             mut vm,
             guest,
             milestones,
+            nic_macs,
             listener,
         } = self;
         let adopter = loop {
@@ -921,7 +966,7 @@ impl Idle {
             let Ok((mut conn, _)) = listener.accept() else {
                 continue;
             };
-            match hand_over(&mut conn, slot, vm.as_ref(), &guest, milestones) {
+            match hand_over(&mut conn, slot, vm.as_ref(), &guest, milestones, &nic_macs) {
                 Ok(pidfd) => break pidfd,
                 Err(e) => tracing::warn!("pool: refused a handover: {e}"),
             }
@@ -951,15 +996,17 @@ fn readable(listener: &UnixListener, wait: Duration) -> bool {
 }
 
 /// Hands the VM to the process on `conn`: root, and the one that claimed
-/// the slot. Returns a pidfd of it.
+/// the slot. Its NICs' taps move into the network namespace it sends.
+/// Returns a pidfd of it.
 fn hand_over(
     conn: &mut UnixStream,
     slot: &Path,
     vm: &dyn Vm,
     guest: &UnixStream,
     milestones: Option<GuestBoot>,
+    nic_macs: &[String],
 ) -> Result<OwnedFd, PoolError> {
-    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
     let cred = nix::sys::socket::getsockopt(&*conn, nix::sys::socket::sockopt::PeerCredentials)
         .map_err(sys("read the peer's credentials"))?;
     if cred.uid() != 0 {
@@ -973,13 +1020,39 @@ fn hand_over(
     }
     conn.set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(io("keeper socket"))?;
-    let mut ask = [0u8; 6];
-    conn.read_exact(&mut ask).map_err(io("read the request"))?;
-    if &ask != b"adopt\n" {
+    let mut ask = [0u8; 16];
+    let mut cmsg = nix::cmsg_space!([RawFd; 1]);
+    let (len, netns) = {
+        let mut iov = [std::io::IoSliceMut::new(&mut ask)];
+        let msg = recvmsg::<()>(
+            conn.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(sys("read the request"))?;
+        let mut netns: Option<OwnedFd> = None;
+        for c in msg.cmsgs().map_err(sys("read the request's descriptors"))? {
+            if let ControlMessageOwned::ScmRights(rights) = c {
+                for fd in rights {
+                    // SAFETY: SCM_RIGHTS gave us this new descriptor; a
+                    // second one is closed at once.
+                    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                    if netns.is_none() {
+                        netns = Some(fd);
+                    }
+                }
+            }
+        }
+        (msg.bytes, netns)
+    };
+    if &ask[..len] != ADOPT {
         return Err(PoolError::Refused("not an adoption request".into()));
     }
+    let netns = netns.ok_or_else(|| PoolError::Refused("no network namespace sent".into()))?;
     let adopter = pidfd_open(cred.pid())
         .ok_or_else(|| PoolError::Refused(format!("pid {} is gone", cred.pid())))?;
+    move_taps(netns.as_fd())?;
     let mut processes = Vec::new();
     let mut pidfds = Vec::new();
     for (name, pid) in vm.host_processes() {
@@ -991,6 +1064,7 @@ fn hand_over(
     let text = serde_json::to_vec(&Handover {
         milestones,
         processes,
+        nic_macs: nic_macs.to_vec(),
     })
     .map_err(|e| PoolError::Refused(e.to_string()))?;
     let mut fds: Vec<RawFd> = vec![guest.as_raw_fd()];
@@ -1001,3 +1075,40 @@ fn hand_over(
         .map_err(sys("send the VM"))?;
     Ok(adopter)
 }
+
+/// Moves the VM's taps (in the keeper's own network namespace) into
+/// `netns`, keeping their names.
+fn move_taps(netns: std::os::fd::BorrowedFd) -> Result<(), PoolError> {
+    // It must be a network namespace, and not the keeper's own.
+    let ns_type = nix::sys::stat::fstat(netns.as_raw_fd()).map_err(sys("stat the namespace"))?;
+    let ours =
+        nix::sys::stat::stat("/proc/thread-self/ns/net").map_err(sys("stat our namespace"))?;
+    if (ns_type.st_dev, ns_type.st_ino) == (ours.st_dev, ours.st_ino) {
+        return Err(PoolError::Refused(
+            "the namespace sent is the keeper's".into(),
+        ));
+    }
+    // SAFETY: ioctl NS_GET_NSTYPE on a descriptor we hold; no memory.
+    let kind = unsafe { libc::ioctl(netns.as_raw_fd(), NS_GET_NSTYPE) };
+    if kind != libc::CLONE_NEWNET {
+        return Err(PoolError::Refused("not a network namespace".into()));
+    }
+    let mut nl =
+        crate::netlink::Netlink::open().map_err(|e| PoolError::Refused(format!("netlink: {e}")))?;
+    let links = nl
+        .links()
+        .map_err(|e| PoolError::Refused(format!("netlink: {e}")))?;
+    for i in 0..NICS {
+        let name = format!("{}{i}", crate::router::TAP_PREFIX);
+        let link = links
+            .iter()
+            .find(|l| l.name == name)
+            .ok_or_else(|| PoolError::Refused(format!("tap {name} is gone")))?;
+        nl.move_link(link.index, netns.as_raw_fd())
+            .map_err(|e| PoolError::Refused(format!("move {name}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// `NS_GET_NSTYPE` (linux/nsfs.h: _IO(0xb7, 0x3)).
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;

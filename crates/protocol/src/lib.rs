@@ -356,6 +356,11 @@ pub struct Interface {
     /// `aa:bb:cc:dd:ee:ff`: the namespace interface's MAC, which the VMM
     /// gives the virtio NIC.
     pub mac: String,
+    /// The MAC the NIC booted with, when that is not `mac`: a VM booted
+    /// before its container (`microvm::pool`). The guest finds the NIC by
+    /// it and gives it `mac`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_mac: Option<String>,
     pub mtu: u32,
     pub addresses: Vec<IpNet>,
     /// In the order to add them (on-link routes before the routes through

@@ -249,14 +249,31 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     } else {
         super::net::DnsMode::None
     };
+    let plan = super::spec::plan(&spec, &state.bundle, &state.rootfs, &args.config)?;
+    for w in &plan.warnings {
+        tracing::warn!("container {}: {w}", state.id);
+    }
+    let cmdline = super::pool::guest_cmdline(&host);
+    // A VM booted before the container, when one fits: its NIC's tap is
+    // moved into this namespace as the one plumb would make.
+    let claim = claim_pooled(args, &state, &host, &cmdline, &plan, vmm.backend);
+    let sandbox = match claim {
+        Some(_) => super::net::Sandbox::MadeTaps,
+        None => super::net::Sandbox::Taps,
+    };
     let mut plumbed = super::net::plumb(
         super::net::resolv_conf(&spec, &state.rootfs).as_deref(),
         dns_mode,
         !egress.is_allow(),
-        super::net::Sandbox::Taps,
+        sandbox,
     )?;
     for w in &plumbed.warnings {
         tracing::warn!("container {}: {w}", state.id);
+    }
+    if let Some(c) = &claim {
+        for (iface, mac) in plumbed.guest.interfaces.iter_mut().zip(&c.nic_macs) {
+            iface.boot_mac = Some(mac.clone());
+        }
     }
     // Before the guest exists, so its first packet meets them.
     let sources = plumbed.sources(super::net::Sandbox::Taps);
@@ -306,10 +323,6 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     };
 
     trace.mark("network");
-    let plan = super::spec::plan(&spec, &state.bundle, &state.rootfs, &args.config)?;
-    for w in &plan.warnings {
-        tracing::warn!("container {}: {w}", state.id);
-    }
     if plan.root_readonly() {
         stage::mount_points(&spec, &state.bundle, &state.rootfs)?;
     }
@@ -329,7 +342,6 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         _ => None,
     };
 
-    let cmdline = super::pool::guest_cmdline(&host);
     // The network and the container's spec go out as soon as the VMM
     // connects the control port, before the agent says Hello (or at once
     // to a pooled VM's agent, which said it): the agent answers them in
@@ -354,7 +366,19 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     let timeout = args.config.microvm.boot_timeout();
     let mut guest_log = guest_log::GuestLog::new(Instant::now());
     let console_log = dir.join(CONSOLE_LOG);
-    let pooled = pooled_vm(args, &state, &host, &cmdline, &plan, &plumbed, vmm.backend);
+    let pooled = match claim {
+        Some(c) => {
+            let vm = pooled_vm(args, &state, c, &plan);
+            // Its tap went with it: a VM booted now would have no NIC.
+            if vm.is_none() && !plumbed.guest.interfaces.is_empty() {
+                return Err(SupervisorError::Guest(
+                    "the pooled VM taken for this container failed to move in (see the log)".into(),
+                ));
+            }
+            vm
+        }
+        None => None,
+    };
     let launched = match pooled {
         Some(mut p) => {
             trace.mark("pool");
@@ -458,23 +482,23 @@ struct Launched {
     guest_ram: Option<GuestRam>,
 }
 
-/// A VM of the pool (`microvm::pool`) for this container, moved in, when
-/// the pool is on, has one of this container's key, and the container
-/// needs no NIC; `None` boots one.
-fn pooled_vm(
+/// Claims a VM of the pool (`microvm::pool`) for this container when the
+/// pool is on, holds one of this container's key, and the container needs
+/// at most the one NIC a pooled VM has; `None` boots one.
+fn claim_pooled(
     args: &Args,
     state: &VmState,
     host: &Host,
     cmdline: &str,
     plan: &super::spec::GuestPlan,
-    plumbed: &super::net::Plumbed,
     backend: super::vmm::choice::BackendKind,
-) -> Option<Launched> {
+) -> Option<super::pool::Claim> {
     if args.config.microvm.pool_size() == 0 {
         return None;
     }
-    let why_not = if !plumbed.nics.is_empty() {
-        Some("it needs a NIC")
+    let nics = super::net::guest_nics().unwrap_or(usize::MAX);
+    let why_not = if nics > super::pool::NICS {
+        Some("it needs more NICs than a pooled VM has")
     } else if plan.guest_ram_mib.is_some() {
         Some("its VM has a balloon")
     } else if backend != super::vmm::choice::BackendKind::Qemu {
@@ -483,15 +507,27 @@ fn pooled_vm(
         None
     };
     if let Some(why) = why_not {
-        tracing::debug!("container {}: no pooled VM: {why}", state.id);
+        tracing::info!("container {}: no pooled VM: {why}", state.id);
         return None;
     }
     let root = args.dir.parent()?;
     let key = super::pool::Key::new(host, cmdline, plan.vcpus, plan.memory_mib);
-    let Some(claim) = super::pool::claim(root, &key) else {
-        tracing::debug!("container {}: no pooled VM of its key waits", state.id);
-        return None;
-    };
+    let claim = super::pool::claim(root, &key);
+    if claim.is_none() {
+        tracing::info!("container {}: no pooled VM of its key waits", state.id);
+    }
+    claim
+}
+
+/// Moves a claimed VM in: the container's mounts reach its share, it and
+/// its keeper join the container's cgroup. `None` (the VM given up) boots
+/// one.
+fn pooled_vm(
+    args: &Args,
+    state: &VmState,
+    claim: super::pool::Claim,
+    plan: &super::spec::GuestPlan,
+) -> Option<Launched> {
     let cgroup = state.cgroup_path.clone();
     let mut join = |pid: i32| {
         stage::join_cgroup(&cgroup, args.systemd_cgroup, &state.id, pid).map_err(|e| e.to_string())

@@ -68,14 +68,32 @@ fn log_path() -> PathBuf {
 /// The agentvm config file the `agentvm` runtime (microvm, the default
 /// tier) gets: the kernel kernels/build.sh built, when there is one.
 fn microvm_config() -> String {
-    let path = run_dir().join("agentvm-microvm.toml");
+    microvm_config_with("agentvm-microvm.toml", "")
+}
+
+/// The same with `extra` lines under `[microvm]`, as file `name`.
+fn microvm_config_with(name: &str, extra: &str) -> String {
+    let path = run_dir().join(name);
     let mut text = format!("[microvm]\nvirtiofsd = {:?}\n", super::guest::VIRTIOFSD);
     if let Ok(kernel) = super::guest::kernel() {
         text += &format!("kernel = {:?}\n", kernel.display().to_string());
     }
+    text += extra;
     std::fs::create_dir_all(run_dir()).expect("create run dir");
     daemon::write_if_changed(&path, &text);
     path.display().to_string()
+}
+
+/// The state root (`--root`) the runtimes get: Docker 20.10's runc shim
+/// passes `runtime-runc/moby` below the exec root whichever runtime it
+/// runs.
+pub fn runtime_root() -> PathBuf {
+    run_dir().join("docker-exec/runtime-runc/moby")
+}
+
+/// The config file of the `agentvm-pool` runtime (a warm pool of one VM).
+pub fn pool_config() -> String {
+    microvm_config_with("agentvm-microvm-pool.toml", "pool = 1\n")
 }
 
 /// The path the daemon runs agentvm by: a symlink to the binary of the
@@ -102,6 +120,8 @@ fn daemon_config() -> String {
     let mut runtimes = serde_json::json!({
         "agentvm-container": { "path": bin, "runtimeArgs": ["--isolation=container"] },
         "agentvm": { "path": bin, "runtimeArgs": ["--config", microvm_config()] },
+        // The microvm tier taking booted VMs from a warm pool of one.
+        "agentvm-pool": { "path": bin, "runtimeArgs": ["--config", pool_config()] },
         // What an operator registers for sandboxes with no way out.
         "agentvm-offline": {
             "path": bin,

@@ -65,6 +65,9 @@ pub enum Runtime {
     AgentvmContainer,
     /// agentvm with no tier given: its default (microvm).
     AgentvmDefault,
+    /// The microvm tier with a warm pool of one booted VM
+    /// (`microvm.pool = 1`), Docker runtime `agentvm-pool`.
+    AgentvmPool,
     /// A peer runtime found in `PATH` (`runc`, `crun`), the reference.
     Peer(String),
 }
@@ -84,6 +87,7 @@ impl Runtime {
         match self {
             Runtime::AgentvmContainer => "agentvm-container",
             Runtime::AgentvmDefault => "agentvm",
+            Runtime::AgentvmPool => "agentvm-pool",
             Runtime::Peer(name) => name,
         }
     }
@@ -91,7 +95,9 @@ impl Runtime {
     /// The binary a runc-compatible client (conmon, the runc shim) executes.
     pub fn binary(&self) -> PathBuf {
         match self {
-            Runtime::AgentvmContainer | Runtime::AgentvmDefault => agentvm_bin(),
+            Runtime::AgentvmContainer | Runtime::AgentvmDefault | Runtime::AgentvmPool => {
+                agentvm_bin()
+            }
             Runtime::Peer(name) => find_in_path(name).unwrap_or_else(|| PathBuf::from(name)),
         }
     }
