@@ -26,6 +26,16 @@ fn pooled() -> Result<Fixture, String> {
     Ok(f)
 }
 
+/// Drains the fixture's pool when dropped, so that a test that fails
+/// part-way leaves no VM booted behind it.
+struct Drain<'a>(&'a Fixture);
+
+impl Drop for Drain<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.agentvm(&["pool", "drain"]);
+    }
+}
+
 fn out_dir(f: &Fixture) -> PathBuf {
     f.dir.path().join("out")
 }
@@ -146,6 +156,7 @@ fn drain_and_check(f: &Fixture, ids: &[&str]) {
 #[test]
 fn a_container_takes_a_booted_vm_never_one_used_before_and_the_pool_refills() {
     let f = require!(pooled());
+    let _drain = Drain(&f);
     let (slot, keeper) = fill(&f);
     write_script(
         &f,
@@ -185,6 +196,7 @@ fn a_container_takes_a_booted_vm_never_one_used_before_and_the_pool_refills() {
 #[test]
 fn a_container_that_does_not_fit_boots_its_own_vm_and_leaves_the_pool_alone() {
     let f = require!(pooled());
+    let _drain = Drain(&f);
     let (slot, keeper) = fill(&f);
     // A memory limit sizes the VM: not the pool's size.
     write_script(
@@ -281,6 +293,7 @@ fn ask_keeper(f: &Fixture, slot: &str, nobody: bool) -> Result<(usize, usize), S
 #[test]
 fn a_keeper_hands_its_vm_only_to_the_root_process_that_claimed_it() {
     let f = require!(pooled());
+    let _drain = Drain(&f);
     let (slot, keeper) = fill(&f);
     // Another user cannot even connect (the socket is root's, 0755).
     match ask_keeper(&f, &slot, true) {
@@ -301,6 +314,7 @@ fn a_keeper_hands_its_vm_only_to_the_root_process_that_claimed_it() {
 #[test]
 fn a_pooled_vm_that_dies_while_it_waits_leaves_the_pool_and_is_replaced() {
     let f = require!(pooled());
+    let _drain = Drain(&f);
     let (slot, keeper) = fill(&f);
     let qemu = common::bundle::children_of(keeper)
         .iter()
@@ -335,6 +349,7 @@ fn pool_commands_say_what_is_wrong() {
 fn a_pooled_vm_s_nic_becomes_the_container_s_network() {
     use common::netns::{ip_out, Netns, GUEST, PEER};
     let f = require!(pooled());
+    let _drain = Drain(&f);
     if let Some(why) = common::host_unsuitable(&["ip"]) {
         eprintln!("skipped: {why}");
         return;

@@ -976,12 +976,11 @@ impl Idle {
         // QEMU and virtiofsd are this process's children: it reaps them,
         // and ends them if their container's supervisor goes first.
         loop {
-            if vm.exited().is_some() {
+            if vm.exited().is_some() || pidfd_ended(adopter.as_fd(), Duration::from_millis(500)) {
                 vm.kill();
-                return 0;
-            }
-            if pidfd_ended(adopter.as_fd(), Duration::from_millis(500)) {
-                vm.kill();
+                // Still there when the supervisor died before it moved the
+                // VM in.
+                keeper_removes_slot(slot);
                 return 0;
             }
         }
@@ -1112,3 +1111,79 @@ fn move_taps(netns: std::os::fd::BorrowedFd) -> Result<(), PoolError> {
 
 /// `NS_GET_NSTYPE` (linux/nsfs.h: _IO(0xb7, 0x3)).
 const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nic_s_boot_mac_is_unicast_and_locally_administered() {
+        for _ in 0..64 {
+            let mac = random_mac().unwrap();
+            assert_eq!(mac[0] & 0x01, 0, "multicast bit: {mac:?}");
+            assert_eq!(mac[0] & 0x02, 0x02, "not locally administered: {mac:?}");
+        }
+    }
+
+    fn key() -> Key {
+        Key {
+            agentvm: "a".into(),
+            kernel: "k".into(),
+            guest_agent: None,
+            cmdline: "c".into(),
+            accel: "tcg".into(),
+            vcpus: 1,
+            memory_mib: 512,
+        }
+    }
+
+    #[test]
+    fn a_slot_whose_keeper_is_gone_is_dead_and_never_claimed() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = dir.path().join(POOL_DIR);
+        let slot = pool.join("s");
+        std::fs::create_dir_all(&slot).unwrap();
+        // A pid that is not this keeper's (its start time differs).
+        let keeper = Keeper {
+            pid: std::process::id() as i32,
+            start_time: Some(1),
+            key: key(),
+        };
+        std::fs::write(slot.join(KEEPER_JSON), serde_json::to_vec(&keeper).unwrap()).unwrap();
+        std::fs::File::create(slot.join(READY)).unwrap();
+        let loaded = Keeper::load(&slot).unwrap();
+        assert_eq!(slot_state(&slot, Some(&loaded)), SlotState::Dead);
+        assert!(claim(dir.path(), &key()).is_none());
+        assert!(slot.join(READY).exists(), "a dead slot was claimed");
+        assert_eq!(list(dir.path())[0].2, "dead");
+        assert_eq!(drain(dir.path()).unwrap(), 0);
+        assert!(!pool.exists());
+    }
+
+    #[test]
+    fn a_live_slot_of_another_key_is_not_claimed() {
+        let dir = tempfile::tempdir().unwrap();
+        let slot = dir.path().join(POOL_DIR).join("s");
+        std::fs::create_dir_all(&slot).unwrap();
+        let me = std::process::id() as i32;
+        let keeper = Keeper {
+            pid: me,
+            start_time: crate::state::process_start_time(me),
+            key: Key {
+                memory_mib: 1024,
+                ..key()
+            },
+        };
+        std::fs::write(slot.join(KEEPER_JSON), serde_json::to_vec(&keeper).unwrap()).unwrap();
+        std::fs::File::create(slot.join(READY)).unwrap();
+        assert_eq!(
+            slot_state(&slot, Keeper::load(&slot).as_ref()),
+            SlotState::Alive {
+                ready: true,
+                claimed: false
+            }
+        );
+        assert!(claim(dir.path(), &key()).is_none());
+        assert!(slot.join(READY).exists(), "claimed with another key");
+    }
+}

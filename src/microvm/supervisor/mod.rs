@@ -256,7 +256,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     let cmdline = super::pool::guest_cmdline(&host);
     // A VM booted before the container, when one fits: its NIC's tap is
     // moved into this namespace as the one plumb would make.
-    let claim = claim_pooled(args, &state, &host, &cmdline, &plan, vmm.backend);
+    let claim = claim_pooled(args, &state, &spec, &host, &cmdline, &plan, vmm.backend);
     let sandbox = match claim {
         Some(_) => super::net::Sandbox::MadeTaps,
         None => super::net::Sandbox::Taps,
@@ -488,6 +488,7 @@ struct Launched {
 fn claim_pooled(
     args: &Args,
     state: &VmState,
+    spec: &oci_spec::runtime::Spec,
     host: &Host,
     cmdline: &str,
     plan: &super::spec::GuestPlan,
@@ -497,7 +498,16 @@ fn claim_pooled(
         return None;
     }
     let nics = super::net::guest_nics().unwrap_or(usize::MAX);
-    let why_not = if nics > super::pool::NICS {
+    let pod_sandbox = spec
+        .annotations()
+        .as_ref()
+        .and_then(|a| a.get(super::spec::CRI_CONTAINER_TYPE))
+        .is_some_and(|t| t == "sandbox");
+    let why_not = if pod_sandbox {
+        // Its members' mounts are attached in the supervisor's mount
+        // namespace, which a pooled VM's file server does not see.
+        Some("it is a pod's sandbox")
+    } else if nics > super::pool::NICS {
         Some("it needs more NICs than a pooled VM has")
     } else if plan.guest_ram_mib.is_some() {
         Some("its VM has a balloon")
