@@ -246,12 +246,6 @@ impl MicrovmConfig {
             if n > MAX_POOL {
                 return Err(format!("microvm.pool = {n}: must be 0 to {MAX_POOL}"));
             }
-            if n > 0 && self.memory_ceiling_mib.is_some() {
-                return Err(format!(
-                    "microvm.pool = {n} with microvm.memory_ceiling_mib: a pool of VMs booted \
-                     with a balloon is not implemented; unset one of them"
-                ));
-            }
         }
         if let Some(t) = self.boot_timeout_secs {
             if !(1..=MAX_BOOT_TIMEOUT_SECS).contains(&t) {

@@ -456,7 +456,7 @@ fn checkpoint_and_restore_bring_the_workload_back() {
         &[
             "sh",
             "-c",
-            "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done",
+            "i=0; while :; do i=$((i+1)); echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; sleep 0.05; done",
         ],
         |c| {
             c["mounts"]

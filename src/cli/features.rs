@@ -159,8 +159,13 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
         0 => "off (microvm.pool = N keeps N VMs booted per --root; agentvm pool fill|drain|list)"
             .to_string(),
         n => format!(
-            "{n} booted VMs kept per --root (QEMU backend), taken by containers that set no \
-             CPU or memory limit and need no NIC; others boot their own"
+            "{n} booted VMs kept per --root (QEMU backend), each with one NIC, taken by \
+             containers that set no CPU limit, no memory limit {} and need at most one NIC; \
+             others boot their own",
+            match config.microvm.memory_ceiling_mib {
+                Some(c) => format!("above memory_ceiling_mib ({c} MiB)"),
+                None => "(memory_ceiling_mib unset)".to_string(),
+            }
         ),
     };
     let mut caps: Vec<String> = caps::all().iter().map(|c| c.to_string()).collect();

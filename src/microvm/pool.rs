@@ -108,6 +108,9 @@ pub struct Key {
     pub accel: String,
     pub vcpus: u32,
     pub memory_mib: u64,
+    /// The VM has a balloon (`memory_ceiling_mib`): the guest's share of
+    /// its RAM is set when a container takes it.
+    pub balloon: bool,
 }
 
 fn file_identity(path: &Path) -> String {
@@ -127,7 +130,7 @@ fn file_identity(path: &Path) -> String {
 }
 
 impl Key {
-    pub fn new(host: &Host, cmdline: &str, vcpus: u32, memory_mib: u64) -> Key {
+    pub fn new(host: &Host, cmdline: &str, vcpus: u32, memory_mib: u64, balloon: bool) -> Key {
         let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
         Key {
             agentvm: file_identity(&exe),
@@ -137,6 +140,7 @@ impl Key {
             accel: host.accel.as_str().to_string(),
             vcpus,
             memory_mib,
+            balloon,
         }
     }
 }
@@ -217,8 +221,14 @@ fn pool_key(config: &Config) -> Result<Option<(Host, Key)>, PoolError> {
         return Ok(None);
     }
     let host = Host::probe(config, vmm.backend)?;
-    let (vcpus, memory_mib) = super::spec::default_size(config);
-    let key = Key::new(&host, &guest_cmdline(&host), vcpus, memory_mib);
+    let size = super::spec::default_size(config);
+    let key = Key::new(
+        &host,
+        &guest_cmdline(&host),
+        size.vcpus,
+        size.vm_mib,
+        size.guest_mib.is_some(),
+    );
     Ok(Some((host, key)))
 }
 
@@ -522,12 +532,16 @@ struct Handover {
     processes: Vec<(String, i32)>,
     /// The MACs the VM's NICs booted with.
     nic_macs: Vec<String>,
+    /// The balloon's QMP connection follows the pidfds.
+    #[serde(default)]
+    balloon: bool,
 }
 
 /// A pooled VM taken by a container: QEMU and virtiofsd are the keeper's
 /// children, watched and ended here through their pidfds.
 pub struct AdoptedVm {
     processes: Vec<(&'static str, i32, OwnedFd)>,
+    guest_ram: Option<Box<dyn super::vmm::GuestRam>>,
 }
 
 impl Vm for AdoptedVm {
@@ -555,7 +569,7 @@ impl Vm for AdoptedVm {
     }
 
     fn take_guest_ram(&mut self) -> Option<Box<dyn super::vmm::GuestRam>> {
-        None
+        self.guest_ram.take()
     }
 }
 
@@ -628,9 +642,9 @@ pub fn claim(root: &Path, key: &Key) -> Option<Claim> {
 const ADOPT: &[u8] = b"adopt\n";
 /// Most bytes of a handover's JSON.
 const HANDOVER_MAX: usize = 4096;
-/// Most descriptors in a handover: the control connection and a pidfd per
-/// process.
-const HANDOVER_FDS: usize = 4;
+/// Most descriptors in a handover: the control connection, a pidfd per
+/// process, the balloon's QMP connection.
+const HANDOVER_FDS: usize = 5;
 
 /// Asks the keeper of `slot` for its VM; its taps come into the caller's
 /// network namespace.
@@ -689,25 +703,35 @@ fn take(slot: &Path, keeper: &Keeper) -> Result<(AdoptedVm, UnixStream, Handover
     };
     let handover: Handover = serde_json::from_slice(&buf[..len])
         .map_err(|e| PoolError::Refused(format!("the keeper's answer: {e}")))?;
-    if fds.len() != handover.processes.len() + 1 {
+    let want = 1 + handover.processes.len() + usize::from(handover.balloon);
+    if fds.len() != want {
         return Err(PoolError::Refused(format!(
-            "the keeper sent {} descriptors for {} processes",
-            fds.len(),
-            handover.processes.len()
+            "the keeper sent {} descriptors where {want} were due",
+            fds.len()
         )));
     }
     let mut fds = fds.into_iter();
-    let guest = UnixStream::from(
-        fds.next()
-            .ok_or_else(|| PoolError::Refused("no fd".into()))?,
-    );
-    let processes = handover
-        .processes
-        .iter()
-        .zip(fds)
-        .map(|((name, pid), fd)| (part_name(name), *pid, fd))
-        .collect();
-    Ok((AdoptedVm { processes }, guest, handover))
+    let mut next = || fds.next().ok_or_else(|| PoolError::Refused("no fd".into()));
+    let guest = UnixStream::from(next()?);
+    let mut processes = Vec::new();
+    for (name, pid) in &handover.processes {
+        processes.push((part_name(name), *pid, next()?));
+    }
+    let guest_ram: Option<Box<dyn super::vmm::GuestRam>> = if handover.balloon {
+        Some(Box::new(super::vmm::qmp::Qmp::resumed(UnixStream::from(
+            next()?,
+        ))))
+    } else {
+        None
+    };
+    Ok((
+        AdoptedVm {
+            processes,
+            guest_ram,
+        },
+        guest,
+        handover,
+    ))
 }
 
 /// Moves a claimed VM into the container of state directory `dir`:
@@ -846,6 +870,8 @@ struct Idle {
     guest: UnixStream,
     milestones: Option<GuestBoot>,
     nic_macs: Vec<String>,
+    /// The balloon's control (QMP), with `memory_ceiling_mib`.
+    guest_ram: Option<Box<dyn super::vmm::GuestRam>>,
     listener: UnixListener,
 }
 
@@ -884,7 +910,7 @@ fn boot(slot: &Path, config: &Config, name: &str) -> Result<Idle, String> {
         cmdline: key.cmdline.clone(),
         vcpus: key.vcpus,
         memory_mib: key.memory_mib,
-        balloon: false,
+        balloon: key.balloon,
         share_dir,
         control_socket: super::supervisor::CONTROL_SOCKET.into(),
         console_log: slot.join(super::vmstate::CONSOLE_LOG),
@@ -898,6 +924,30 @@ fn boot(slot: &Path, config: &Config, name: &str) -> Result<Idle, String> {
     };
     let backend = super::vmm::for_host(&host);
     let mut vm = backend.launch(&config_vm).map_err(|e| e.to_string())?;
+    // With a balloon the guest starts with what a container without a
+    // limit gets, as a cold boot does; the container's supervisor sets its
+    // own share when it takes the VM.
+    let guest_ram = match (key.balloon, vm.take_guest_ram()) {
+        (false, _) => None,
+        (true, Some(mut control)) => {
+            let mib = super::spec::default_size(config)
+                .guest_mib
+                .unwrap_or(key.memory_mib);
+            if let Err(e) = control.set_guest_ram(mib) {
+                vm.kill();
+                return Err(e.to_string());
+            }
+            if control.handover_fd().is_none() {
+                vm.kill();
+                return Err("the VMM's balloon control cannot be handed over".into());
+            }
+            Some(control)
+        }
+        (true, None) => {
+            vm.kill();
+            return Err("the VM has no balloon control".into());
+        }
+    };
     let mut log = super::supervisor::guest_log::GuestLog::new(Instant::now());
     let (guest, milestones) = match super::supervisor::handshake(
         &listener,
@@ -930,6 +980,7 @@ fn boot(slot: &Path, config: &Config, name: &str) -> Result<Idle, String> {
         guest,
         milestones,
         nic_macs,
+        guest_ram,
         listener: keeper_listener,
     })
 }
@@ -951,6 +1002,7 @@ impl Idle {
             guest,
             milestones,
             nic_macs,
+            guest_ram,
             listener,
         } = self;
         let adopter = loop {
@@ -966,12 +1018,20 @@ impl Idle {
             let Ok((mut conn, _)) = listener.accept() else {
                 continue;
             };
-            match hand_over(&mut conn, slot, vm.as_ref(), &guest, milestones, &nic_macs) {
+            let handing = Handing {
+                vm: vm.as_ref(),
+                guest: &guest,
+                milestones,
+                nic_macs: &nic_macs,
+                qmp: guest_ram.as_ref().and_then(|g| g.handover_fd()),
+            };
+            match hand_over(&mut conn, slot, &handing) {
                 Ok(pidfd) => break pidfd,
                 Err(e) => tracing::warn!("pool: refused a handover: {e}"),
             }
         };
         drop(guest);
+        drop(guest_ram);
         drop(listener);
         // QEMU and virtiofsd are this process's children: it reaps them,
         // and ends them if their container's supervisor goes first.
@@ -994,17 +1054,20 @@ fn readable(listener: &UnixListener, wait: Duration) -> bool {
     matches!(poll(&mut fds, timeout), Ok(n) if n > 0)
 }
 
+/// What the keeper hands over.
+struct Handing<'a> {
+    vm: &'a dyn Vm,
+    guest: &'a UnixStream,
+    milestones: Option<GuestBoot>,
+    nic_macs: &'a [String],
+    /// The balloon's QMP connection.
+    qmp: Option<RawFd>,
+}
+
 /// Hands the VM to the process on `conn`: root, and the one that claimed
 /// the slot. Its NICs' taps move into the network namespace it sends.
 /// Returns a pidfd of it.
-fn hand_over(
-    conn: &mut UnixStream,
-    slot: &Path,
-    vm: &dyn Vm,
-    guest: &UnixStream,
-    milestones: Option<GuestBoot>,
-    nic_macs: &[String],
-) -> Result<OwnedFd, PoolError> {
+fn hand_over(conn: &mut UnixStream, slot: &Path, h: &Handing) -> Result<OwnedFd, PoolError> {
     use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
     let cred = nix::sys::socket::getsockopt(&*conn, nix::sys::socket::sockopt::PeerCredentials)
         .map_err(sys("read the peer's credentials"))?;
@@ -1054,20 +1117,22 @@ fn hand_over(
     move_taps(netns.as_fd())?;
     let mut processes = Vec::new();
     let mut pidfds = Vec::new();
-    for (name, pid) in vm.host_processes() {
+    for (name, pid) in h.vm.host_processes() {
         let fd = pidfd_open(pid)
             .ok_or_else(|| PoolError::Refused(format!("the VM's {name} ({pid}) is gone")))?;
         processes.push((name.to_string(), pid));
         pidfds.push(fd);
     }
     let text = serde_json::to_vec(&Handover {
-        milestones,
+        milestones: h.milestones,
         processes,
-        nic_macs: nic_macs.to_vec(),
+        nic_macs: h.nic_macs.to_vec(),
+        balloon: h.qmp.is_some(),
     })
     .map_err(|e| PoolError::Refused(e.to_string()))?;
-    let mut fds: Vec<RawFd> = vec![guest.as_raw_fd()];
+    let mut fds: Vec<RawFd> = vec![h.guest.as_raw_fd()];
     fds.extend(pidfds.iter().map(|f| f.as_raw_fd()));
+    fds.extend(h.qmp);
     let iov = [std::io::IoSlice::new(&text)];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     sendmsg::<()>(conn.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
@@ -1134,6 +1199,7 @@ mod tests {
             accel: "tcg".into(),
             vcpus: 1,
             memory_mib: 512,
+            balloon: false,
         }
     }
 

@@ -357,13 +357,28 @@ fn clamp_vcpus(vcpus: u32) -> u32 {
     vcpus.clamp(1, host_cpus.max(1))
 }
 
-/// The vCPUs and RAM (MiB) [`plan`] gives a container that sets no CPU
-/// or memory limit: the size of the pool's VMs (`microvm::pool`).
-pub fn default_size(config: &Config) -> (u32, u64) {
-    (
-        clamp_vcpus(config.microvm.default_vcpus.unwrap_or(1)),
-        default_memory_mib(config),
-    )
+/// The VM [`plan`] gives a container that sets no CPU or memory limit:
+/// the size of the pool's VMs (`microvm::pool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefaultSize {
+    pub vcpus: u32,
+    /// The VM's RAM: `memory_ceiling_mib` when it is set higher.
+    pub vm_mib: u64,
+    /// What the balloon leaves the guest, when the VM has one.
+    pub guest_mib: Option<u64>,
+}
+
+pub fn default_size(config: &Config) -> DefaultSize {
+    let memory = default_memory_mib(config);
+    let (vm_mib, guest_mib) = match config.microvm.memory_ceiling_mib {
+        Some(ceiling) if ceiling > memory => (ceiling, Some(memory)),
+        _ => (memory, None),
+    };
+    DefaultSize {
+        vcpus: clamp_vcpus(config.microvm.default_vcpus.unwrap_or(1)),
+        vm_mib,
+        guest_mib,
+    }
 }
 
 pub fn netns_path(spec: &Spec) -> Option<PathBuf> {

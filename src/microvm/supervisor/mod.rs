@@ -509,8 +509,6 @@ fn claim_pooled(
         Some("it is a pod's sandbox")
     } else if nics > super::pool::NICS {
         Some("it needs more NICs than a pooled VM has")
-    } else if plan.guest_ram_mib.is_some() {
-        Some("its VM has a balloon")
     } else if backend != super::vmm::choice::BackendKind::Qemu {
         Some("its VMM is not qemu")
     } else {
@@ -521,7 +519,13 @@ fn claim_pooled(
         return None;
     }
     let root = args.dir.parent()?;
-    let key = super::pool::Key::new(host, cmdline, plan.vcpus, plan.memory_mib);
+    let key = super::pool::Key::new(
+        host,
+        cmdline,
+        plan.vcpus,
+        plan.memory_mib,
+        plan.guest_ram_mib.is_some(),
+    );
     let claim = super::pool::claim(root, &key);
     if claim.is_none() {
         tracing::info!("container {}: no pooled VM of its key waits", state.id);
@@ -543,12 +547,29 @@ fn pooled_vm(
         stage::join_cgroup(&cgroup, args.systemd_cgroup, &state.id, pid).map_err(|e| e.to_string())
     };
     match super::pool::move_in(claim, &args.dir, &plan.staged, &mut join) {
-        Ok((vm, guest, _)) => {
+        Ok((mut vm, guest, _)) => {
+            // The balloon leaves the guest what this container's limit
+            // needs, before the guest applies the limit.
+            let guest_ram = match (plan.guest_ram_mib, vm.take_guest_ram()) {
+                (Some(mib), Some(mut control)) => {
+                    if let Err(e) = control.set_guest_ram(mib) {
+                        tracing::warn!("container {}: pooled VM's balloon: {e}", state.id);
+                        vm.kill();
+                        return None;
+                    }
+                    Some(GuestRam {
+                        control,
+                        current_mib: mib,
+                        vm_mib: plan.memory_mib,
+                    })
+                }
+                _ => None,
+            };
             tracing::info!("container {}: took a pooled microVM", state.id);
             Some(Launched {
                 vm: Box::new(vm),
                 guest,
-                guest_ram: None,
+                guest_ram,
             })
         }
         Err(e) => {

@@ -132,11 +132,21 @@ pub trait Pauser: Send + Sync {
 /// guest back what a lower target took (up to the VM's RAM).
 pub trait GuestRam: Send {
     fn set_guest_ram(&mut self, mib: u64) -> Result<(), VmmError>;
+    /// The connection behind it, for a pooled VM's keeper to hand over
+    /// (`microvm::pool`); `None` when it cannot be.
+    fn handover_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 impl GuestRam for qmp::Qmp {
     fn set_guest_ram(&mut self, mib: u64) -> Result<(), VmmError> {
         Ok(qmp::Qmp::set_guest_ram(self, mib)?)
+    }
+
+    fn handover_fd(&self) -> Option<RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.stream().as_raw_fd())
     }
 }
 

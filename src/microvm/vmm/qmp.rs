@@ -46,6 +46,21 @@ impl Qmp {
     }
 
     /// Reads one line (without its newline), at most [`MAX_LINE`] bytes.
+    /// A connection another process negotiated already (a pooled VM's,
+    /// handed over by its keeper).
+    pub fn resumed(stream: UnixStream) -> Qmp {
+        Qmp {
+            stream,
+            buf: Vec::new(),
+            ready: true,
+        }
+    }
+
+    /// The connection, to hand over.
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
+    }
+
     fn line(&mut self) -> Result<Vec<u8>, QmpError> {
         self.stream.set_read_timeout(Some(TIMEOUT))?;
         let mut chunk = [0u8; 4096];

@@ -135,7 +135,7 @@ fn checkpoint(ctx: &mut Ctx) -> Result<()> {
     b.args(&[
         "/bin/sh",
         "-c",
-        "i=0; while :; do i=$((i+1)); echo $i > /counter/n; sleep 0.05; done",
+        "i=0; while :; do i=$((i+1)); echo $i > /counter/n.new; mv /counter/n.new /counter/n; sleep 0.05; done",
     ]);
     b.push(
         "/mounts",
@@ -349,7 +349,7 @@ fn checkpoint_tty(ctx: &mut Ctx) -> Result<()> {
     b.args(&[
         "/bin/sh",
         "-c",
-        "i=0; while :; do i=$((i+1)); echo $i > /counter/n; echo n=$i; sleep 0.05; done",
+        "i=0; while :; do i=$((i+1)); echo $i > /counter/n.new; mv /counter/n.new /counter/n; echo n=$i; sleep 0.05; done",
     ]);
     b.set("/process/terminal", serde_json::json!(true));
     b.push(
