@@ -330,42 +330,6 @@ fn lifecycle_with_exec_inside_the_guest() {
     assert_nothing_left(&f, id);
 }
 
-/// MemTotal in the guest, in MiB, and the container's memory.max.
-fn guest_memory(f: &Fixture, id: &str) -> (u64, String) {
-    let out = f
-        .agentvm(&[
-            "exec",
-            id,
-            "sh",
-            "-c",
-            "grep MemTotal /proc/meminfo; cat /sys/fs/cgroup/memory.max",
-        ])
-        .ok();
-    let mut lines = out.stdout.lines();
-    let total = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no MemTotal: {out}"));
-    (total / 1024, lines.next().unwrap_or_default().to_string())
-}
-
-/// Waits until the guest's RAM is `want` (MiB, within what its kernel
-/// keeps for itself): the balloon moves in the background.
-fn wait_for_guest_ram(f: &Fixture, id: &str, want: u64) -> (u64, String) {
-    let mut last = (0, String::new());
-    let settled = wait_for(30, || {
-        last = guest_memory(f, id);
-        (last.0 <= want && last.0 + 48 >= want).then_some(())
-    });
-    assert!(
-        settled.is_some(),
-        "the guest has {} MiB, not about {want} MiB",
-        last.0
-    );
-    last
-}
-
 #[test]
 fn update_gives_the_guest_more_ram_up_to_the_configured_ceiling() {
     let f = require!(microvm());
@@ -384,12 +348,12 @@ fn update_gives_the_guest_more_ram_up_to_the_configured_ceiling() {
     f.create(id).ok();
     f.agentvm(&["start", id]).ok();
     wait_for_file(&f, "up");
-    let (_, max) = wait_for_guest_ram(&f, id, 164);
+    let (_, max) = common::guest::wait_for_guest_ram(&f, id, 164);
     assert_eq!(max, (100u64 << 20).to_string());
 
     // Raised: the balloon gives the guest its RAM first, then the limit.
     f.agentvm(&["update", "--memory", "600m", id]).ok();
-    let (_, max) = wait_for_guest_ram(&f, id, 664);
+    let (_, max) = common::guest::wait_for_guest_ram(&f, id, 664);
     assert_eq!(max, (600u64 << 20).to_string());
     // Past the VM's RAM: refused, nothing changes.
     let out = f.agentvm(&["update", "--memory", "2g", id]);
@@ -397,11 +361,11 @@ fn update_gives_the_guest_more_ram_up_to_the_configured_ceiling() {
     assert!(out.stderr.contains("memory_ceiling_mib"), "{out}");
     // Lowered: the limit first, then the balloon takes the RAM back.
     f.agentvm(&["update", "--memory", "150m", id]).ok();
-    let (_, max) = wait_for_guest_ram(&f, id, 214);
+    let (_, max) = common::guest::wait_for_guest_ram(&f, id, 214);
     assert_eq!(max, (150u64 << 20).to_string());
     // Unlimited: the whole VM.
     f.agentvm(&["update", "--memory", "-1", id]).ok();
-    let (_, max) = wait_for_guest_ram(&f, id, 1024);
+    let (_, max) = common::guest::wait_for_guest_ram(&f, id, 1024);
     assert_eq!(max, "max");
 
     kill_and_delete(&f, id);

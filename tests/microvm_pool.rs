@@ -410,43 +410,6 @@ fn a_pooled_vm_s_nic_becomes_the_container_s_network() {
     drain_and_check(&f, &["pool-net"]);
 }
 
-/// MemTotal in the guest (MiB) and the container's memory.max.
-fn guest_memory(f: &Fixture, id: &str) -> (u64, String) {
-    let out = f
-        .agentvm(&[
-            "exec",
-            id,
-            "sh",
-            "-c",
-            "grep MemTotal /proc/meminfo; cat /sys/fs/cgroup/memory.max",
-        ])
-        .ok();
-    let mut lines = out.stdout.lines();
-    let total = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no MemTotal: {out}"));
-    (total / 1024, lines.next().unwrap_or_default().to_string())
-}
-
-/// Waits until the guest has about `want` MiB (the balloon moves in the
-/// background).
-#[track_caller]
-fn wait_for_guest_ram(f: &Fixture, id: &str, want: u64) -> String {
-    let mut last = (0, String::new());
-    let settled = wait_for(30, || {
-        last = guest_memory(f, id);
-        (last.0 <= want && last.0 + 48 >= want).then_some(())
-    });
-    assert!(
-        settled.is_some(),
-        "the guest has {} MiB, not about {want} MiB",
-        last.0
-    );
-    last.1
-}
-
 #[test]
 fn with_a_memory_ceiling_one_pooled_vm_serves_any_limit_below_it() {
     if common::guest::builtin() {
@@ -478,9 +441,15 @@ fn with_a_memory_ceiling_one_pooled_vm_serves_any_limit_below_it() {
     f.agentvm(&["start", id]).ok();
     // The balloon leaves the guest what its limit needs (+ 64 MiB), and
     // update moves it, as in a VM booted for the container.
-    assert_eq!(wait_for_guest_ram(&f, id, 164), (100u64 << 20).to_string());
+    assert_eq!(
+        common::guest::wait_for_guest_ram(&f, id, 164).1,
+        (100u64 << 20).to_string()
+    );
     f.agentvm(&["update", "--memory", "600m", id]).ok();
-    assert_eq!(wait_for_guest_ram(&f, id, 664), (600u64 << 20).to_string());
+    assert_eq!(
+        common::guest::wait_for_guest_ram(&f, id, 664).1,
+        (600u64 << 20).to_string()
+    );
     f.agentvm(&["delete", "--force", id]).ok();
     drain_and_check(&f, &[id]);
 }

@@ -12,9 +12,14 @@ use crate::runtimes::{self, Runtime};
 pub fn start(ws: &Workspace, microvm: &Runtime) -> Result<Runtime, String> {
     let rt = runtimes::pooled(microvm, &ws.dir)?;
     ws.clear_root(&rt).map_err(|e| e.to_string())?;
-    let root = ws.root(&rt);
+    fill(&rt, &ws.root(&rt))?;
+    Ok(rt)
+}
+
+/// `agentvm pool fill --wait` in `root`.
+fn fill(rt: &Runtime, root: &Path) -> Result<(), String> {
     let out = rt
-        .command(&root)
+        .command(root)
         .args(["pool", "fill", "--wait"])
         .stdin(Stdio::null())
         .output()
@@ -25,7 +30,7 @@ pub fn start(ws: &Workspace, microvm: &Runtime) -> Result<Runtime, String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    Ok(rt)
+    Ok(())
 }
 
 /// Part (b)'s warm-pool entry: the test dockerd's runtime `agentvm-pool`
@@ -39,19 +44,7 @@ pub fn docker_start(microvm: &Runtime) -> Result<Runtime, String> {
         docker_name: "agentvm-pool",
         slow: true,
     };
-    let root = crate::common::docker::runtime_root();
-    let out = rt
-        .command(&root)
-        .args(["pool", "fill", "--wait"])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("agentvm pool fill: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "agentvm pool fill --wait: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
+    fill(&rt, &crate::common::docker::runtime_root())?;
     Ok(rt)
 }
 

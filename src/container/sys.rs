@@ -242,6 +242,33 @@ pub fn loopback_up() -> io::Result<()> {
 
 pub use crate::term::set_window_size as set_winsize;
 
+/// Most descriptors [`recv_with_fds`] takes from one message; further ones
+/// are closed by the kernel (`MSG_CTRUNC`).
+pub const MAX_PASSED_FDS: usize = 8;
+
+/// One `recvmsg(2)` on `sock` into `buf`: the bytes read and the
+/// descriptors passed with them (`SCM_RIGHTS`, close-on-exec), owned.
+pub fn recv_with_fds(sock: BorrowedFd, buf: &mut [u8]) -> nix::Result<(usize, Vec<OwnedFd>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; MAX_PASSED_FDS]);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let mut fds = Vec::new();
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            // SAFETY: SCM_RIGHTS just installed these descriptors in our
+            // table; nothing else owns them.
+            fds.extend(raw.into_iter().map(|r| unsafe { OwnedFd::from_raw_fd(r) }));
+        }
+    }
+    Ok((msg.bytes, fds))
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsFd;

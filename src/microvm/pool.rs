@@ -642,14 +642,11 @@ pub fn claim(root: &Path, key: &Key) -> Option<Claim> {
 const ADOPT: &[u8] = b"adopt\n";
 /// Most bytes of a handover's JSON.
 const HANDOVER_MAX: usize = 4096;
-/// Most descriptors in a handover: the control connection, a pidfd per
-/// process, the balloon's QMP connection.
-const HANDOVER_FDS: usize = 5;
 
 /// Asks the keeper of `slot` for its VM; its taps come into the caller's
 /// network namespace.
 fn take(slot: &Path, keeper: &Keeper) -> Result<(AdoptedVm, UnixStream, Handover), PoolError> {
-    use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let conn = super::sock::connect(slot, KEEPER_SOCKET).map_err(io(format!(
         "connect {}",
         slot.join(KEEPER_SOCKET).display()
@@ -678,29 +675,8 @@ fn take(slot: &Path, keeper: &Keeper) -> Result<(AdoptedVm, UnixStream, Handover
     )
     .map_err(sys("ask the keeper"))?;
     let mut buf = vec![0u8; HANDOVER_MAX];
-    let mut cmsg = nix::cmsg_space!([RawFd; HANDOVER_FDS]);
-    let (len, fds) = {
-        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(
-            conn.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
+    let (len, fds) = crate::container::sys::recv_with_fds(conn.as_fd(), &mut buf)
         .map_err(sys("receive the VM from its keeper"))?;
-        let mut fds: Vec<OwnedFd> = Vec::new();
-        for c in msg.cmsgs().map_err(sys("read the keeper's descriptors"))? {
-            if let ControlMessageOwned::ScmRights(rights) = c {
-                // SAFETY: SCM_RIGHTS gave us these new descriptors.
-                fds.extend(
-                    rights
-                        .into_iter()
-                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                );
-            }
-        }
-        (msg.bytes, fds)
-    };
     let handover: Handover = serde_json::from_slice(&buf[..len])
         .map_err(|e| PoolError::Refused(format!("the keeper's answer: {e}")))?;
     let want = 1 + handover.processes.len() + usize::from(handover.balloon);
@@ -1068,7 +1044,7 @@ struct Handing<'a> {
 /// the slot. Its NICs' taps move into the network namespace it sends.
 /// Returns a pidfd of it.
 fn hand_over(conn: &mut UnixStream, slot: &Path, h: &Handing) -> Result<OwnedFd, PoolError> {
-    use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let cred = nix::sys::socket::getsockopt(&*conn, nix::sys::socket::sockopt::PeerCredentials)
         .map_err(sys("read the peer's credentials"))?;
     if cred.uid() != 0 {
@@ -1083,31 +1059,10 @@ fn hand_over(conn: &mut UnixStream, slot: &Path, h: &Handing) -> Result<OwnedFd,
     conn.set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(io("keeper socket"))?;
     let mut ask = [0u8; 16];
-    let mut cmsg = nix::cmsg_space!([RawFd; 1]);
-    let (len, netns) = {
-        let mut iov = [std::io::IoSliceMut::new(&mut ask)];
-        let msg = recvmsg::<()>(
-            conn.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
+    let (len, fds) = crate::container::sys::recv_with_fds(conn.as_fd(), &mut ask)
         .map_err(sys("read the request"))?;
-        let mut netns: Option<OwnedFd> = None;
-        for c in msg.cmsgs().map_err(sys("read the request's descriptors"))? {
-            if let ControlMessageOwned::ScmRights(rights) = c {
-                for fd in rights {
-                    // SAFETY: SCM_RIGHTS gave us this new descriptor; a
-                    // second one is closed at once.
-                    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-                    if netns.is_none() {
-                        netns = Some(fd);
-                    }
-                }
-            }
-        }
-        (msg.bytes, netns)
-    };
+    // The first descriptor is the namespace; any other is closed.
+    let netns = fds.into_iter().next();
     if &ask[..len] != ADOPT {
         return Err(PoolError::Refused("not an adoption request".into()));
     }

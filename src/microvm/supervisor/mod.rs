@@ -550,20 +550,13 @@ fn pooled_vm(
         Ok((mut vm, guest, _)) => {
             // The balloon leaves the guest what this container's limit
             // needs, before the guest applies the limit.
-            let guest_ram = match (plan.guest_ram_mib, vm.take_guest_ram()) {
-                (Some(mib), Some(mut control)) => {
-                    if let Err(e) = control.set_guest_ram(mib) {
-                        tracing::warn!("container {}: pooled VM's balloon: {e}", state.id);
-                        vm.kill();
-                        return None;
-                    }
-                    Some(GuestRam {
-                        control,
-                        current_mib: mib,
-                        vm_mib: plan.memory_mib,
-                    })
+            let guest_ram = match set_guest_ram(&mut vm, plan) {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::warn!("container {}: pooled VM's balloon: {e}", state.id);
+                    vm.kill();
+                    return None;
                 }
-                _ => None,
             };
             tracing::info!("container {}: took a pooled microVM", state.id);
             Some(Launched {
@@ -577,6 +570,24 @@ fn pooled_vm(
             None
         }
     }
+}
+
+/// Sets the balloon of a VM booted with the configured ceiling so that
+/// the guest has what the container's limit needs (the balloon holds the
+/// rest until an update); `None` when the VM has no balloon.
+fn set_guest_ram(
+    vm: &mut dyn Vm,
+    plan: &super::spec::GuestPlan,
+) -> Result<Option<GuestRam>, super::vmm::VmmError> {
+    let (Some(mib), Some(mut control)) = (plan.guest_ram_mib, vm.take_guest_ram()) else {
+        return Ok(None);
+    };
+    control.set_guest_ram(mib)?;
+    Ok(Some(GuestRam {
+        control,
+        current_mib: mib,
+        vm_mib: plan.memory_mib,
+    }))
 }
 
 /// Boots the container's VM: stages the share, launches the VMM and waits
@@ -633,19 +644,12 @@ fn launch(
     let mut vm = backend.launch(&config)?;
     // A VM booted with the configured ceiling starts its guest with what
     // the limit needs; the balloon holds the rest until an update.
-    let guest_ram = match (plan.guest_ram_mib, vm.take_guest_ram()) {
-        (Some(mib), Some(mut control)) => {
-            if let Err(e) = control.set_guest_ram(mib) {
-                vm.kill();
-                return Err(e.into());
-            }
-            Some(GuestRam {
-                control,
-                current_mib: mib,
-                vm_mib: plan.memory_mib,
-            })
+    let guest_ram = match set_guest_ram(vm.as_mut(), plan) {
+        Ok(g) => g,
+        Err(e) => {
+            vm.kill();
+            return Err(e.into());
         }
-        _ => None,
     };
     trace.mark("vmm launch");
     let handshaken = handshake(

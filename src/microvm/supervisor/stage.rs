@@ -120,12 +120,7 @@ pub fn cgroup(spec: &Spec, id: &str, systemd: bool) -> Result<PathBuf, StageErro
         path: path.clone(),
         message,
     };
-    let cm = libcgroups::common::create_cgroup_manager(CgroupConfig {
-        cgroup_path: path.clone(),
-        systemd_cgroup: systemd,
-        container_name: id.to_string(),
-    })
-    .map_err(|e| err(e.to_string()))?;
+    let cm = manager(&path, systemd, id)?;
     cm.add_task(Pid::this()).map_err(|e| err(e.to_string()))?;
     if let Some(full) = linux.and_then(|l| l.resources().as_ref()) {
         let r = crate::microvm::spec::host_limits(full);
@@ -143,18 +138,29 @@ pub fn cgroup(spec: &Spec, id: &str, systemd: bool) -> Result<PathBuf, StageErro
 /// Moves process `pid` (all its threads) into the VM's cgroup `path`,
 /// made by [`cgroup`] already.
 pub fn join_cgroup(path: &Path, systemd: bool, id: &str, pid: i32) -> Result<(), StageError> {
-    let err = |message: String| StageError::Cgroup {
-        path: path.to_path_buf(),
-        message,
-    };
-    let cm = libcgroups::common::create_cgroup_manager(CgroupConfig {
+    manager(path, systemd, id)?
+        .add_task(Pid::from_raw(pid))
+        .map_err(|e| StageError::Cgroup {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+}
+
+/// The cgroup manager of the VM's cgroup `path`.
+fn manager(
+    path: &Path,
+    systemd: bool,
+    id: &str,
+) -> Result<libcgroups::common::AnyCgroupManager, StageError> {
+    libcgroups::common::create_cgroup_manager(CgroupConfig {
         cgroup_path: path.to_path_buf(),
         systemd_cgroup: systemd,
         container_name: id.to_string(),
     })
-    .map_err(|e| err(e.to_string()))?;
-    cm.add_task(Pid::from_raw(pid))
-        .map_err(|e| err(e.to_string()))
+    .map_err(|e| StageError::Cgroup {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
 }
 
 /// Makes the spec's mount points in a read-only rootfs on the host, as

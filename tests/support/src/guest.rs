@@ -128,3 +128,41 @@ pub fn microvm_fixture(extra: &str) -> Result<super::bundle::Fixture, String> {
     f.add_flags(&["--config", &config.display().to_string()]);
     Ok(f)
 }
+
+/// MemTotal in the guest of container `id`, in MiB, and the container's
+/// memory.max (`exec` in it: its /sys/fs/cgroup must be mounted).
+pub fn guest_memory(f: &super::bundle::Fixture, id: &str) -> (u64, String) {
+    let out = f
+        .agentvm(&[
+            "exec",
+            id,
+            "sh",
+            "-c",
+            "grep MemTotal /proc/meminfo; cat /sys/fs/cgroup/memory.max",
+        ])
+        .ok();
+    let mut lines = out.stdout.lines();
+    let total = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no MemTotal: {out}"));
+    (total / 1024, lines.next().unwrap_or_default().to_string())
+}
+
+/// Waits until the guest's RAM is `want` (MiB, within what its kernel
+/// keeps for itself): the balloon moves in the background.
+#[track_caller]
+pub fn wait_for_guest_ram(f: &super::bundle::Fixture, id: &str, want: u64) -> (u64, String) {
+    let mut last = (0, String::new());
+    let settled = super::wait_for(30, || {
+        last = guest_memory(f, id);
+        (last.0 <= want && last.0 + 48 >= want).then_some(())
+    });
+    assert!(
+        settled.is_some(),
+        "the guest has {} MiB, not about {want} MiB",
+        last.0
+    );
+    last
+}
