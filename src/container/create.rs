@@ -91,6 +91,9 @@ pub fn create(
             cgroups::warn_if_populated(&path);
         }
     }
+    // libcontainer cannot mount a co-mounted v1 hierarchy in a cgroup
+    // namespace: the runtime mounts them itself (see cgroupns).
+    let cgroup_mounts = super::cgroupns::take_over(&mut spec)?;
     step("checks done");
     let result = {
         let _helpers = MapHelpers::install(&bundle.spec, &ctx.root)?;
@@ -123,7 +126,7 @@ pub fn create(
     };
     match result {
         Ok(container) => {
-            if let Err(e) = fix_up(&container, bundle) {
+            if let Err(e) = fix_up(&container, bundle, cgroup_mounts.as_ref()) {
                 discard(ctx, id, &container);
                 return Err(e);
             }
@@ -221,9 +224,16 @@ fn init_pid(container: &Container) -> Result<i32, ContainerError> {
 /// What libcontainer left out, done while the init waits for `start`: the
 /// mounts' flags and propagation, loopback in a new network namespace, the
 /// terminal's size and owner, and a disabled OOM killer.
-fn fix_up(container: &Container, bundle: &Bundle) -> Result<(), ContainerError> {
+fn fix_up(
+    container: &Container,
+    bundle: &Bundle,
+    cgroup_mounts: Option<&super::cgroupns::TakeOver>,
+) -> Result<(), ContainerError> {
     let pid = init_pid(container)?;
     cgroups::apply_oom_killer(container, &bundle.spec)?;
+    if let Some(taken) = cgroup_mounts {
+        super::cgroupns::mount(pid, taken)?;
+    }
     fixup::apply(pid, &fixup::plan(&bundle.spec))?;
     if fixup::new_network_namespace(&bundle.spec) {
         fixup::loopback_up(pid)?;

@@ -23,6 +23,7 @@ use crate::context::Context;
 use crate::state::{self, Record};
 use crate::tier::RuncState;
 
+pub mod cgroupns;
 pub mod cgroups;
 pub mod checkpoint;
 pub mod console;
@@ -66,6 +67,8 @@ pub enum ContainerError {
     IdMap(#[from] idmap::IdMapError),
     #[error(transparent)]
     Fixup(#[from] fixup::FixupError),
+    #[error(transparent)]
+    CgroupNs(#[from] cgroupns::CgroupNsError),
     #[error(transparent)]
     Console(#[from] console::ConsoleError),
     #[error(transparent)]

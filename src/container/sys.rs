@@ -240,6 +240,136 @@ pub fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// `setns(fd, CLONE_NEWCGROUP)` for the calling thread: what it mounts of
+/// cgroupfs from then on has that namespace's root. Only for a dedicated
+/// thread that exits afterwards.
+pub fn enter_cgroup_namespace(ns: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: setns takes a descriptor we borrow for the call only.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWCGROUP) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread's file system uid and gid (`setfsuid`/`setfsgid`,
+/// which change only the calling thread): what it creates is theirs. Only
+/// for a dedicated thread that exits afterwards.
+pub fn set_thread_fs_ids(uid: u32, gid: u32) {
+    // SAFETY: the raw system calls take plain integers and change only
+    // this thread's credentials. They return the previous id, never an
+    // error.
+    unsafe {
+        libc::syscall(libc::SYS_setfsgid, gid as libc::c_long);
+        libc::syscall(libc::SYS_setfsuid, uid as libc::c_long);
+    }
+}
+
+// linux/mount.h: fsconfig commands, fsmount and move_mount flags.
+const FSCONFIG_SET_FLAG: libc::c_uint = 0;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+
+/// A new, detached mount of file system `fstype` from `source` (fsopen,
+/// fsconfig, fsmount) with `options`, each a flag (`net_cls`) or a `key=value`
+/// string, one per fsconfig call (the new mount API splits nothing on
+/// commas), and the mount attributes `attrs` (MOUNT_ATTR_*).
+pub fn new_mount(
+    fstype: &str,
+    source: &str,
+    options: &[String],
+    attrs: u64,
+) -> io::Result<OwnedFd> {
+    let c = |s: &str| {
+        CString::new(s)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "option contains a NUL byte"))
+    };
+    let fstype = c(fstype)?;
+    // SAFETY: `fstype` is NUL-terminated and outlives the call.
+    let fs = unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), 1 as libc::c_uint) };
+    if fs < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fsopen returned a new descriptor that nothing else owns.
+    let fs = unsafe { OwnedFd::from_raw_fd(fs as i32) };
+    let config = |cmd: libc::c_uint, key: Option<&CString>, value: Option<&CString>| {
+        let ptr = |v: Option<&CString>| v.map_or(std::ptr::null(), |v| v.as_ptr());
+        // SAFETY: key and value are NUL-terminated strings (or null, as the
+        // command allows) that outlive the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                cmd,
+                ptr(key),
+                ptr(value),
+                0 as libc::c_int,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    config(FSCONFIG_SET_STRING, Some(&c("source")?), Some(&c(source)?))?;
+    for opt in options {
+        match opt.split_once('=') {
+            Some((k, v)) => config(FSCONFIG_SET_STRING, Some(&c(k)?), Some(&c(v)?))?,
+            None => config(FSCONFIG_SET_FLAG, Some(&c(opt)?), None)?,
+        }
+    }
+    config(FSCONFIG_CMD_CREATE, None, None)?;
+    // SAFETY: fsmount takes the configured context's descriptor only.
+    let m = unsafe {
+        libc::syscall(
+            libc::SYS_fsmount,
+            fs.as_raw_fd(),
+            FSMOUNT_CLOEXEC,
+            attrs as libc::c_uint,
+        )
+    };
+    if m < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fsmount returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(m as i32) })
+}
+
+/// Attaches the detached mount `mount` on the directory `target` (an
+/// O_PATH descriptor) in the calling thread's mount namespace.
+pub fn move_mount_onto(mount: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: both paths are the static empty string; the descriptors are
+    // borrowed for the call only.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `symlinkat(target, dirfd, name)`; `name` must be a single component.
+pub fn symlinkat(target: &Path, dirfd: BorrowedFd<'_>, name: &Path) -> io::Result<()> {
+    let t = cstring(target)?;
+    let n = cstring(name)?;
+    // SAFETY: both strings are NUL-terminated and outlive the call.
+    let rc = unsafe { libc::symlinkat(t.as_ptr(), dirfd.as_raw_fd(), n.as_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 pub use crate::term::set_window_size as set_winsize;
 
 /// Most descriptors [`recv_with_fds`] takes from one message; further ones

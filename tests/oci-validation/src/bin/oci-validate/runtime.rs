@@ -111,11 +111,21 @@ impl Runtime {
 
     /// The runtime's command with `--root` and `args` appended.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(&self.argv[0]);
-        c.args(&self.argv[1..])
-            .arg("--root")
-            .arg(&self.root)
-            .args(args);
+        self.command_via(&[], args)
+    }
+
+    /// The runtime's command as the arguments of `wrapper` (a program and
+    /// its first arguments), or itself when `wrapper` is empty.
+    fn command_via(&self, wrapper: &[&str], args: &[&str]) -> Command {
+        let mut argv = wrapper.iter().map(std::ffi::OsStr::new).chain(
+            self.argv
+                .iter()
+                .map(std::ffi::OsStr::new)
+                .chain([std::ffi::OsStr::new("--root"), self.root.as_os_str()])
+                .chain(args.iter().map(std::ffi::OsStr::new)),
+        );
+        let mut c = Command::new(argv.next().unwrap_or_default());
+        c.args(argv);
         c.stdin(Stdio::null());
         c
     }
@@ -139,9 +149,13 @@ impl Runtime {
     /// runtime's process (std gives every child an empty signal mask and the
     /// default SIGPIPE, and leaves other dispositions as the harness has them).
     fn spawn_ignoring(&self, args: &[&str], ignored: &[Signal]) -> Result<Pending> {
+        self.spawn_via(&[], args, ignored)
+    }
+
+    fn spawn_via(&self, wrapper: &[&str], args: &[&str], ignored: &[Signal]) -> Result<Pending> {
         let what = args.first().copied().unwrap_or("cmd");
         let (out, fo, err, fe) = self.log_files(what)?;
-        let mut command = self.command(args);
+        let mut command = self.command_via(wrapper, args);
         command.stdout(fo).stderr(fe);
         if !ignored.is_empty() {
             let ignored: Vec<libc::c_int> = ignored.iter().map(|s| *s as libc::c_int).collect();
@@ -188,6 +202,12 @@ impl Runtime {
             );
         }
         Ok(out)
+    }
+
+    /// Runs `args` under `wrapper`, a program that runs its arguments (as
+    /// `unshare -m sh -c SCRIPT sh`), to completion or the timeout.
+    pub fn run_via(&self, wrapper: &[&str], args: &[&str]) -> Result<Output> {
+        self.spawn_via(wrapper, args, &[])?.wait(TIMEOUT)
     }
 
     /// Runs `args`, ignoring the outcome (cleanup).

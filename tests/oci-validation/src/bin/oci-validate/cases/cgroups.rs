@@ -21,6 +21,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("cgroups-preexisting", preexisting),
     ("cgroups-default-path", default_path),
     ("cgroups-unified", unified),
+    ("cgroups-comounted-ns", comounted_ns),
 ];
 
 /// One cgroup interface file: v1 controller, v1 file and value, v2 file and
@@ -942,5 +943,182 @@ fn unified(ctx: &mut Ctx) -> Result<()> {
     );
     let st = ctx.state(&id);
     ctx.check(LEFT, st.is_err(), || super::show(&st));
+    Ok(())
+}
+
+/// The host's cgroup v1 hierarchies below /sys/fs/cgroup: (directory,
+/// mount options without `rw`).
+fn v1_hierarchies() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let target = pre.split(' ').nth(4)?;
+            let dir = target.strip_prefix("/sys/fs/cgroup/")?;
+            let mut post = post.split(' ');
+            (post.next()? == "cgroup" && !dir.contains('/')).then_some(())?;
+            let opts: Vec<&str> = post
+                .nth(1)
+                .unwrap_or("")
+                .split(',')
+                .filter(|o| *o != "rw" && *o != "ro")
+                .collect();
+            Some((dir.to_string(), opts.join(",")))
+        })
+        .collect()
+}
+
+/// A host that co-mounts cgroup v1 controllers (`net_cls,net_prio`, as
+/// systemd hosts do) and a container with its own cgroup namespace and a
+/// read-only cgroup mount, with and without a user namespace: runc mounts
+/// each hierarchy afresh in the container, its root the container's
+/// cgroup, and links each co-mounted controller's name to its hierarchy.
+/// Unless this host co-mounts them itself, the runtime runs in a mount
+/// namespace of its own whose /sys/fs/cgroup is a fresh tmpfs with the
+/// host's hierarchies mounted again and `net_cls,net_prio` together.
+fn comounted_ns(ctx: &mut Ctx) -> Result<()> {
+    const RUNS: &str = "run with a cgroup namespace succeeds";
+    const ROOT: &str = "net_cls,net_prio is mounted with the container's cgroup as root";
+    const OTHERS: &str = "the other hierarchies are mounted with the container's cgroup as root";
+    const LINKS: &str = "net_cls and net_prio link to net_cls,net_prio";
+    const SELF: &str = "the container is at / of net_cls,net_prio in /proc/self/cgroup";
+    const RO: &str = "the co-mounted hierarchy is read-only";
+    const LEFT: &str = "no cgroup left in the co-mounted hierarchy";
+    const CHECKS: &[&str] = &[RUNS, ROOT, OTHERS, LINKS, SELF, RO, LEFT];
+    const VARIANTS: &[&str] = &["", "in a user namespace: "];
+    let all: Vec<String> = VARIANTS
+        .iter()
+        .flat_map(|v| CHECKS.iter().map(move |c| format!("{v}{c}")))
+        .collect();
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let v2_host = host_mount(None).is_some_and(|m| m == Path::new("/sys/fs/cgroup"));
+    let hierarchies = v1_hierarchies();
+    if v2_host || hierarchies.is_empty() {
+        ctx.skip_all(&all, "this host has no cgroup v1 hierarchies");
+        return Ok(());
+    }
+    let comounted = hierarchies.iter().any(|(d, _)| d == "net_cls,net_prio");
+    let alone = hierarchies
+        .iter()
+        .any(|(_, o)| o.split(',').any(|c| c == "net_cls" || c == "net_prio"));
+    if alone && !comounted {
+        ctx.skip_all(
+            &all,
+            "this host mounts net_cls or net_prio without the other (the case needs them together)",
+        );
+        return Ok(());
+    }
+    const COMOUNT_FAILED: i32 = 97;
+    const PROBE: &str = r#"while read -r _ _ _ root point _; do
+  case "$point" in
+    /sys/fs/cgroup/net_cls,net_prio) echo "root=$root" ;;
+    /sys/fs/cgroup/memory) echo "memory-root=$root" ;;
+  esac
+done < /proc/self/mountinfo
+echo "link-cls=$(readlink /sys/fs/cgroup/net_cls)"
+echo "link-prio=$(readlink /sys/fs/cgroup/net_prio)"
+while IFS=: read -r _ c p; do
+  [ "$c" = net_cls,net_prio ] && echo "self=$p"
+done < /proc/self/cgroup
+if mkdir /sys/fs/cgroup/net_cls,net_prio/probe 2>/dev/null; then echo mkdir=made; else echo mkdir=refused; fi
+"#;
+    for (i, variant) in VARIANTS.iter().enumerate() {
+        let id = ctx.id();
+        let cg = ctx.cgroup_path(&id);
+        let mut script = String::from("set -e\n");
+        if !comounted {
+            script.push_str("mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup\n");
+            for (dir, opts) in &hierarchies {
+                script.push_str(&format!(
+                    "mkdir '/sys/fs/cgroup/{dir}'\n\
+                     mount -t cgroup -o '{opts}' cgroup '/sys/fs/cgroup/{dir}'\n"
+                ));
+            }
+            if host_mount(None).is_some_and(|m| m == Path::new("/sys/fs/cgroup/unified")) {
+                script.push_str(
+                    "mkdir /sys/fs/cgroup/unified\n\
+                     mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified\n",
+                );
+            }
+            script.push_str(&format!(
+                "mkdir /sys/fs/cgroup/net_cls,net_prio\n\
+                 mount -t cgroup -o net_cls,net_prio cgroup /sys/fs/cgroup/net_cls,net_prio \
+                 || exit {COMOUNT_FAILED}\n\
+                 ln -s net_cls,net_prio /sys/fs/cgroup/net_cls\n\
+                 ln -s net_cls,net_prio /sys/fs/cgroup/net_prio\n"
+            ));
+        }
+        // The runtime's exit, then what it left in the hierarchy the host
+        // may not see (the harness removes the rest of /<tag> in each host
+        // hierarchy at the end of the run).
+        let here = format!("/sys/fs/cgroup/net_cls,net_prio{cg}");
+        let parent = Path::new(&here)
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .display()
+            .to_string();
+        script.push_str(&format!(
+            "set +e\n\"$@\"\nrc=$?\n\
+             if [ -d '{here}' ]; then echo left=yes; rmdir '{here}'; else echo left=no; fi\n\
+             {}exit $rc\n",
+            if comounted {
+                String::new()
+            } else {
+                format!("rmdir '{parent}' 2>/dev/null\n")
+            }
+        ));
+        let mut b = ctx.bundle()?;
+        b.set("/linux/cgroupsPath", json!(cg));
+        b.push("/linux/namespaces", json!({"type": "cgroup"}));
+        if i == 1 {
+            b.push("/linux/namespaces", json!({"type": "user"}));
+            b.set(
+                "/linux/uidMappings",
+                json!([{"containerID": 0, "hostID": 100000, "size": 65536}]),
+            );
+            b.set(
+                "/linux/gidMappings",
+                json!([{"containerID": 0, "hostID": 200000, "size": 65536}]),
+            );
+        }
+        b.args(&["/bin/sh", "-c", PROBE]);
+        b.write()?;
+        let wrapper = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+            "sh",
+        ];
+        let out = ctx
+            .rt
+            .run_via(&wrapper, &["run", "--bundle", &b.dir_str(), &id])?;
+        if out.code == Some(COMOUNT_FAILED) {
+            ctx.skip_all(
+                &all,
+                "the kernel would not mount net_cls and net_prio together (one is bound elsewhere)",
+            );
+            return Ok(());
+        }
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        let has = |l: &str| lines.contains(&l);
+        let got = || out.describe() + " | stdout: " + &out.stdout.replace('\n', " ");
+        let ran = out.success();
+        let name = |c: &str| format!("{variant}{c}");
+        ctx.check(name(RUNS), ran, got);
+        ctx.check(name(ROOT), ran && has("root=/"), got);
+        ctx.check(name(OTHERS), ran && has("memory-root=/"), got);
+        ctx.check(
+            name(LINKS),
+            ran && has("link-cls=net_cls,net_prio") && has("link-prio=net_cls,net_prio"),
+            got,
+        );
+        ctx.check(name(SELF), ran && has("self=/"), got);
+        ctx.check(name(RO), ran && has("mkdir=refused"), got);
+        ctx.check(name(LEFT), has("left=no"), got);
+    }
     Ok(())
 }
