@@ -306,17 +306,19 @@ fn spec_writes_a_runnable_config_like_runc() {
 }
 
 /// With a user namespace, a bind mount whose source its root cannot reach
-/// (a directory on the way is the host root's, mode 0700) is refused at
-/// create with one line naming the mount and the directory, and nothing is
-/// left; a reachable source mounts and is read as usual.
+/// (a directory on the way is the host root's, mode 0700) mounts as under
+/// runc 1.1, which opens the source outside the namespace: the workload
+/// reads what the source's own modes let it read, a file source included,
+/// and the spec's `ro` holds. When a later mount lies below such a mount
+/// (it would end up hidden), create refuses it with one line naming the
+/// mount and the directory, and leaves nothing.
 #[test]
-fn a_bind_source_the_user_namespace_cannot_reach_is_named() {
+fn a_bind_source_the_user_namespace_cannot_reach_is_mounted_from_outside() {
     if skip_unless_root() {
         return;
     }
     use std::os::unix::fs::PermissionsExt;
-    let with_userns = |source: &std::path::Path| {
-        let source = source.to_str().expect("utf-8").to_string();
+    let with_userns = |mounts: Vec<serde_json::Value>| {
         move |c: &mut serde_json::Value| {
             c["linux"]["namespaces"]
                 .as_array_mut()
@@ -328,10 +330,7 @@ fn a_bind_source_the_user_namespace_cannot_reach_is_named() {
             c["mounts"]
                 .as_array_mut()
                 .expect("mounts")
-                .push(serde_json::json!({
-                    "destination": "/home", "type": "bind", "source": source,
-                    "options": ["rbind", "ro"]
-                }));
+                .extend(mounts.iter().cloned());
         }
     };
     let f = Fixture::new();
@@ -341,8 +340,53 @@ fn a_bind_source_the_user_namespace_cannot_reach_is_named() {
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
     let hidden = private.join("hidden");
     std::fs::create_dir(&hidden).expect("mkdir");
-    std::fs::write(hidden.join("f"), "secret\n").expect("write");
-    f.write_config(&["cat", "/home/f"], with_userns(&hidden));
+    std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::write(hidden.join("f"), "reached\n").expect("write");
+    std::fs::set_permissions(hidden.join("f"), std::fs::Permissions::from_mode(0o644))
+        .expect("chmod");
+    // Only the host's root may read this one, in the container too.
+    std::fs::write(hidden.join("closed"), "secret\n").expect("write");
+    std::fs::set_permissions(
+        hidden.join("closed"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .expect("chmod");
+    let file = private.join("one-file");
+    std::fs::write(&file, "a file\n").expect("write");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let dir_mount = serde_json::json!({
+        "destination": "/home", "type": "bind",
+        "source": hidden.to_str().expect("utf-8"), "options": ["rbind", "ro"]
+    });
+    let file_mount = serde_json::json!({
+        "destination": "/dev/motd", "type": "bind",
+        "source": file.to_str().expect("utf-8"), "options": ["bind"]
+    });
+    f.write_config(
+        &[
+            "sh",
+            "-c",
+            "cat /home/f /dev/motd; cat /home/closed || echo closed refused; \
+             touch /home/new || echo ro refused",
+        ],
+        with_userns(vec![dir_mount.clone(), file_mount]),
+    );
+    let bundle = f.bundle();
+    let id = common::unique_name("userns-bind");
+    let out = f.agentvm(&["run", "--bundle", bundle.to_str().expect("utf-8"), &id]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(
+        out.stdout, "reached\na file\nclosed refused\nro refused\n",
+        "{out}"
+    );
+    assert!(!hidden.join("new").exists());
+    assert_nothing_left(&f, &id);
+
+    // A later mount below it: refused, named, nothing left.
+    let below = serde_json::json!({
+        "destination": "/home/sub", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid"]
+    });
+    f.write_config(&["cat", "/home/f"], with_userns(vec![dir_mount, below]));
     let id = common::unique_name("userns-bind");
     let out = f.create(&id);
     assert_one_clear_error(&f, &out, "cannot search");
@@ -352,6 +396,7 @@ fn a_bind_source_the_user_namespace_cannot_reach_is_named() {
         "{out}"
     );
     assert!(out.stderr.contains("host uid 100000"), "{out}");
+    assert!(out.stderr.contains("the mount at /home/sub"), "{out}");
     assert_nothing_left(&f, &id);
 
     let open = tempfile::Builder::new()
@@ -365,8 +410,11 @@ fn a_bind_source_the_user_namespace_cannot_reach_is_named() {
         std::fs::Permissions::from_mode(0o644),
     )
     .expect("chmod");
-    f.write_config(&["cat", "/home/f"], with_userns(open.path()));
-    let bundle = f.bundle();
+    let open_mount = serde_json::json!({
+        "destination": "/home", "type": "bind",
+        "source": open.path().to_str().expect("utf-8"), "options": ["rbind", "ro"]
+    });
+    f.write_config(&["cat", "/home/f"], with_userns(vec![open_mount]));
     let out = f.agentvm(&["run", "--bundle", bundle.to_str().expect("utf-8"), &id]);
     assert_eq!(out.code, 0, "{out}");
     assert_eq!(out.stdout, "visible\n", "{out}");

@@ -57,7 +57,6 @@ pub fn create(
     lsm::check_spec(&bundle.spec, lsm::selinux_enabled())?;
     cgroups::refuse_unified_on_v1(&bundle.spec)?;
     cwd::ensure(&bundle.spec, &bundle.rootfs)?;
-    super::idmap::check_bind_sources(&bundle.spec)?;
     let dir = ctx.container_dir(id);
     let egress = opts.egress.take();
     // As runc: the hooks run at create (prestart, createRuntime) run in the
@@ -94,6 +93,9 @@ pub fn create(
     // libcontainer cannot mount a co-mounted v1 hierarchy in a cgroup
     // namespace: the runtime mounts them itself (see cgroupns).
     let cgroup_mounts = super::cgroupns::take_over(&mut spec)?;
+    // Bind sources the user namespace cannot reach are opened here, as
+    // runc opens them, and attached by the runtime (see binds).
+    let staged_binds = super::binds::take_over(&mut spec)?;
     step("checks done");
     let result = {
         let _helpers = MapHelpers::install(&bundle.spec, &ctx.root)?;
@@ -126,7 +128,7 @@ pub fn create(
     };
     match result {
         Ok(container) => {
-            if let Err(e) = fix_up(&container, bundle, cgroup_mounts.as_ref()) {
+            if let Err(e) = fix_up(&container, bundle, cgroup_mounts.as_ref(), &staged_binds) {
                 discard(ctx, id, &container);
                 return Err(e);
             }
@@ -228,12 +230,14 @@ fn fix_up(
     container: &Container,
     bundle: &Bundle,
     cgroup_mounts: Option<&super::cgroupns::TakeOver>,
+    staged_binds: &[super::binds::Staged],
 ) -> Result<(), ContainerError> {
     let pid = init_pid(container)?;
     cgroups::apply_oom_killer(container, &bundle.spec)?;
     if let Some(taken) = cgroup_mounts {
         super::cgroupns::mount(pid, taken)?;
     }
+    super::binds::attach(pid, staged_binds)?;
     fixup::apply(pid, &fixup::plan(&bundle.spec))?;
     if fixup::new_network_namespace(&bundle.spec) {
         fixup::loopback_up(pid)?;

@@ -44,8 +44,7 @@ pub enum IdMapError {
     Prepare { path: PathBuf, source: io::Error },
     #[error(
         "cannot bind mount {from} at {destination}: the user namespace's root (host uid {uid}) \
-         cannot search {dir} (mode {mode:o}, owner {owner}:{group}); libcontainer mounts from \
-         inside the namespace (runc 1.1 opens the source outside it and mounts it by fd)"
+         cannot search {dir} (mode {mode:o}, owner {owner}:{group})"
     )]
     Unreachable {
         from: PathBuf,
@@ -222,26 +221,29 @@ fn new_userns_root(spec: &Spec) -> Option<(u32, u32, Vec<Range>, Vec<Range>)> {
     Some((host_of(&uids)?, host_of(&gids)?, uids, gids))
 }
 
-/// Refuses, before anything starts, a bind mount whose source the new user
-/// namespace's root cannot reach: libcontainer resolves and mounts it from
-/// inside the namespace, where it fails as "failed to prepare rootfs"
-/// without naming the mount. (runc 1.1 opens such a source outside the
-/// namespace; the container then starts, and the workload is refused the
-/// files themselves.) Root in the namespace searches a directory if its
-/// permission bits let the mapped uid or gid in, or if the directory's
-/// owner and group are both mapped (its CAP_DAC_OVERRIDE then applies).
-pub fn check_bind_sources(spec: &Spec) -> Result<(), IdMapError> {
+/// The bind mounts (index in the spec's mounts, and why) whose source the
+/// new user namespace's root cannot reach. libcontainer resolves and
+/// mounts a source from inside the namespace, where such a mount fails as
+/// "failed to prepare rootfs" without naming it; runc 1.1 opens it outside
+/// the namespace and the container starts (the workload is then refused
+/// the files themselves, by their own modes). Root in the namespace
+/// searches a directory if its permission bits let the mapped uid or gid
+/// in, or if the directory's owner and group are both mapped (its
+/// CAP_DAC_OVERRIDE then applies). See `binds` for what `create` does
+/// with them.
+pub fn unreachable_bind_sources(spec: &Spec) -> Vec<(usize, IdMapError)> {
     let Some((uid, gid, uids, gids)) = new_userns_root(spec) else {
-        return Ok(());
+        return Vec::new();
     };
     if !privileged() || nix::unistd::geteuid().as_raw() == uid {
-        return Ok(());
+        return Vec::new();
     }
     let mapped = |m: &[Range], id: u32| {
         m.iter()
             .any(|(_, h, size)| id >= *h && u64::from(id) < u64::from(*h) + u64::from(*size))
     };
-    for m in spec.mounts().iter().flatten() {
+    let mut found = Vec::new();
+    for (i, m) in spec.mounts().iter().flatten().enumerate() {
         let Some(source) = m.source().as_ref().filter(|_| super::fixup::is_bind(m)) else {
             continue;
         };
@@ -266,19 +268,23 @@ pub fn check_bind_sources(spec: &Spec) -> Result<(), IdMapError> {
             // An access ACL may let the mapped root in where the mode
             // bits do not: such a directory is left to the kernel.
             if bits & 0o1 == 0 && !overridden && !has_access_acl(dir) {
-                return Err(IdMapError::Unreachable {
-                    from: source.clone(),
-                    destination: m.destination().clone(),
-                    uid,
-                    dir: dir.to_path_buf(),
-                    mode,
-                    owner: meta.uid(),
-                    group: meta.gid(),
-                });
+                found.push((
+                    i,
+                    IdMapError::Unreachable {
+                        from: source.clone(),
+                        destination: m.destination().clone(),
+                        uid,
+                        dir: dir.to_path_buf(),
+                        mode,
+                        owner: meta.uid(),
+                        group: meta.gid(),
+                    },
+                ));
+                break;
             }
         }
     }
-    Ok(())
+    found
 }
 
 /// Whether `dir` carries a POSIX access ACL (`system.posix_acl_access`).

@@ -23,6 +23,7 @@ use crate::context::Context;
 use crate::state::{self, Record};
 use crate::tier::RuncState;
 
+pub mod binds;
 pub mod cgroupns;
 pub mod cgroups;
 pub mod checkpoint;
@@ -69,6 +70,8 @@ pub enum ContainerError {
     Fixup(#[from] fixup::FixupError),
     #[error(transparent)]
     CgroupNs(#[from] cgroupns::CgroupNsError),
+    #[error(transparent)]
+    Binds(#[from] binds::BindError),
     #[error(transparent)]
     Console(#[from] console::ConsoleError),
     #[error(transparent)]

@@ -358,6 +358,33 @@ pub fn move_mount_onto(mount: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Res
     Ok(())
 }
 
+/// A detached clone of the mount tree at `path` (`open_tree` with
+/// OPEN_TREE_CLONE; with its submounts when `recursive`), resolved and
+/// permission-checked as the caller.
+pub fn open_tree_clone(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
+    let c = cstring(path)?;
+    let mut flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
+    // SAFETY: `c` is NUL-terminated and outlives the call.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: open_tree returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `fchdir(fd)`: for a thread with its own fs context only.
+pub fn fchdir(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: fchdir takes a descriptor we borrow for the call only.
+    if unsafe { libc::fchdir(fd.as_raw_fd()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `symlinkat(target, dirfd, name)`; `name` must be a single component.
 pub fn symlinkat(target: &Path, dirfd: BorrowedFd<'_>, name: &Path) -> io::Result<()> {
     let t = cstring(target)?;

@@ -840,9 +840,12 @@ fn default_path(ctx: &mut Ctx) -> Result<()> {
     b.remove("/linux", "cgroupsPath");
     let (id, pid) = ctx.start_sleeper(&mut b)?;
     let own = memberships(std::process::id() as i32)?;
+    // A hierarchy the host does not mount (one left behind, unmounted, by
+    // whoever made it) gets no cgroup from runc either.
     let v1: Vec<&(String, String)> = own
         .iter()
         .filter(|(c, _)| !c.is_empty() && !c.starts_with("name="))
+        .filter(|(c, _)| hierarchy_dir(c, "/").is_some())
         .collect();
     let wanted: Vec<(String, String)> = if v1.is_empty() {
         own.iter()

@@ -21,6 +21,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("ns-join-path", join_path),
     ("ns-user", user),
     ("ns-user-ranges", user_ranges),
+    ("ns-user-unreachable-bind", user_unreachable_bind),
 ];
 
 fn new(ctx: &mut Ctx) -> Result<()> {
@@ -287,5 +288,81 @@ fn user_ranges(ctx: &mut Ctx) -> Result<()> {
     let home = b.rootfs().join("home/user");
     std::os::unix::fs::chown(&home, Some(300000), Some(300000)).context("chown home/user")?;
     ctx.run_checker(&b, &e)?;
+    Ok(())
+}
+
+/// With a user namespace, bind sources below a host directory its root
+/// cannot search (mode 0700, the host root's): runc 1.1 opens them outside
+/// the namespace, so the container starts; inside, the sources' own modes
+/// and the mount's `ro` hold.
+fn user_unreachable_bind(ctx: &mut Ctx) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = ctx.scratch("unreachable")?;
+    let private = scratch.join("private");
+    let dir = private.join("dir");
+    std::fs::create_dir_all(&dir).context("mkdir")?;
+    let files = [
+        (dir.join("open"), "reached\n", 0o644),
+        (dir.join("closed"), "secret\n", 0o600),
+        (private.join("one-file"), "a file\n", 0o644),
+    ];
+    for (path, text, mode) in &files {
+        std::fs::write(path, text).with_context(|| format!("write {}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(*mode))?;
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
+    let mut b = ctx.bundle()?;
+    b.push("/linux/namespaces", json!({"type": "user"}));
+    b.set(
+        "/linux/uidMappings",
+        json!([{"containerID": 0, "hostID": 100000, "size": 65536}]),
+    );
+    b.set(
+        "/linux/gidMappings",
+        json!([{"containerID": 0, "hostID": 200000, "size": 65536}]),
+    );
+    b.push(
+        "/mounts",
+        json!({"destination": "/tmp", "type": "bind",
+               "source": dir.to_string_lossy(), "options": ["rbind", "ro"]}),
+    );
+    b.push(
+        "/mounts",
+        json!({"destination": "/dev/one-file", "type": "bind",
+               "source": private.join("one-file").to_string_lossy(), "options": ["bind"]}),
+    );
+    b.args(&[
+        "/bin/sh",
+        "-c",
+        "echo \"open=$(cat /tmp/open)\"; echo \"file=$(cat /dev/one-file)\"; \
+         cat /tmp/closed >/dev/null 2>&1 && echo closed=read || echo closed=refused; \
+         touch /tmp/new 2>/dev/null && echo write=made || echo write=refused",
+    ]);
+    b.write()?;
+    let id = ctx.id();
+    let out = ctx.rt.run(&["run", "--bundle", &b.dir_str(), &id])?;
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let has = |l: &str| lines.contains(&l);
+    let got = || out.describe() + " | stdout: " + &out.stdout.replace('\n', " ");
+    let ran = out.success();
+    ctx.check("the container starts", ran, got);
+    ctx.check(
+        "the directory source is mounted",
+        ran && has("open=reached"),
+        got,
+    );
+    ctx.check("the file source is mounted", ran && has("file=a file"), got);
+    ctx.check(
+        "a file the mapped root may not read stays closed",
+        ran && has("closed=refused"),
+        got,
+    );
+    ctx.check("ro holds", ran && has("write=refused"), got);
+    ctx.check(
+        "nothing was written to the source",
+        !dir.join("new").exists(),
+        || "/tmp/new reached the source".into(),
+    );
     Ok(())
 }
