@@ -191,6 +191,19 @@ pub struct CheckpointRequest {
     pub file_locks: bool,
     /// Soft unless given, as in runc.
     pub cgroups_mode: CgroupsMode,
+    /// CRIU's pre-dump: the memory only, the container keeps running.
+    pub pre_dump: bool,
+    /// A previous (pre-)dump's images, relative to the image path.
+    pub parent_path: Option<PathBuf>,
+    /// Pages left for a lazy restore to fetch from the page server.
+    pub lazy_pages: bool,
+    pub auto_dedup: bool,
+    /// CLONE_NEW* flags of namespaces dumped empty.
+    pub empty_ns: u32,
+    /// Where the pages go: a CRIU page server's address and port.
+    pub page_server: Option<(String, i32)>,
+    /// Where `\0` is written once the lazy pages can be fetched.
+    pub status_fd: Option<i32>,
 }
 
 /// What `restore` asks for, with runc's defaults filled in.

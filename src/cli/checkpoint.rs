@@ -1,5 +1,6 @@
 //! `agentvm checkpoint`: runc's flags, answered by the container's tier
 //! (CRIU in the container tier; the microvm tier says it cannot yet).
+//! Flag values are checked here, in runc's words.
 
 use std::path::PathBuf;
 
@@ -60,24 +61,17 @@ pub struct CheckpointArgs {
 }
 
 pub fn run(ctx: &Context, args: CheckpointArgs) -> anyhow::Result<()> {
-    // CRIU options libcontainer's checkpoint has no setting for: refused by
-    // name rather than ignored, since each changes what the images hold.
-    let unsupported = [
-        ("--pre-dump", args.pre_dump),
-        ("--parent-path", args.parent_path.is_some()),
-        ("--lazy-pages", args.lazy_pages),
-        ("--auto-dedup", args.auto_dedup),
-        ("--empty-ns", !args.empty_ns.is_empty()),
-        ("--page-server", args.page_server.is_some()),
-        ("--status-fd", args.status_fd.is_some()),
-    ];
-    if let Some((flag, _)) = unsupported.iter().find(|(_, given)| *given) {
-        anyhow::bail!("checkpoint {flag} is not supported yet");
-    }
     let cgroups_mode = match args.manage_cgroups_mode.as_deref() {
         None => CgroupsMode::Soft,
         Some(m) => m.parse().map_err(anyhow::Error::msg)?,
     };
+    let page_server = args
+        .page_server
+        .as_deref()
+        .map(page_server)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let empty_ns = empty_namespaces(&args.empty_ns).map_err(anyhow::Error::msg)?;
     // runc's default image path: `checkpoint` in the current directory.
     let image_path = absolute(
         args.image_path
@@ -94,7 +88,79 @@ pub fn run(ctx: &Context, args: CheckpointArgs) -> anyhow::Result<()> {
         shell_job: args.shell_job,
         file_locks: args.file_locks,
         cgroups_mode,
+        pre_dump: args.pre_dump,
+        parent_path: args.parent_path,
+        lazy_pages: args.lazy_pages,
+        auto_dedup: args.auto_dedup,
+        empty_ns,
+        page_server,
+        status_fd: args.status_fd,
     };
     let (tier, _lock) = super::open(ctx, &args.id, Some(LockMode::Exclusive))?;
     Ok(tier.checkpoint(ctx, &args.id, &req)?)
+}
+
+/// `--page-server ADDRESS:PORT`, refused in runc's words.
+fn page_server(arg: &str) -> Result<(String, i32), &'static str> {
+    const USAGE: &str = "Use --page-server ADDRESS:PORT to specify page server";
+    let (address, port) = arg.rsplit_once(':').ok_or(USAGE)?;
+    // An IPv6 address comes in brackets, as Go's SplitHostPort wants it.
+    let address = match address.strip_prefix('[') {
+        Some(inner) => inner.strip_suffix(']').ok_or(USAGE)?,
+        None if address.contains(':') => return Err(USAGE),
+        None => address,
+    };
+    if address.is_empty() || port.is_empty() {
+        return Err(USAGE);
+    }
+    let port = port.parse::<i32>().map_err(|_| "Invalid port number")?;
+    Ok((address.to_string(), port))
+}
+
+/// `--empty-ns TYPE...` as CLONE_NEW* flags; runc's names and message.
+fn empty_namespaces(names: &[String]) -> Result<u32, String> {
+    names.iter().try_fold(0u32, |mask, name| {
+        let flag = match name.as_str() {
+            "pid" => libc::CLONE_NEWPID,
+            "network" => libc::CLONE_NEWNET,
+            "mount" => libc::CLONE_NEWNS,
+            "user" => libc::CLONE_NEWUSER,
+            "ipc" => libc::CLONE_NEWIPC,
+            "uts" => libc::CLONE_NEWUTS,
+            _ => return Err(format!("namespace {name:?} is not supported")),
+        };
+        Ok(mask | flag as u32)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_server_as_runc_parses_it() {
+        assert_eq!(
+            page_server("127.0.0.1:27277"),
+            Ok(("127.0.0.1".into(), 27277))
+        );
+        assert_eq!(page_server("[::1]:80"), Ok(("::1".into(), 80)));
+        assert_eq!(page_server("host:x"), Err("Invalid port number"));
+        for bad in ["27277", ":27277", "host:", "::1:80", "[::1:80"] {
+            assert_eq!(
+                page_server(bad),
+                Err("Use --page-server ADDRESS:PORT to specify page server"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn empty_namespaces_by_runc_names() {
+        let mask = empty_namespaces(&["network".into(), "uts".into()]).unwrap();
+        assert_eq!(mask, (libc::CLONE_NEWNET | libc::CLONE_NEWUTS) as u32);
+        assert_eq!(
+            empty_namespaces(&["time".into()]),
+            Err("namespace \"time\" is not supported".into())
+        );
+    }
 }

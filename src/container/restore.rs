@@ -57,8 +57,6 @@ pub enum RestoreError {
     },
     #[error("cannot read {path}: {message}")]
     Descriptors { path: PathBuf, message: String },
-    #[error("restore --{0} is not supported yet (CRIU's lazy pages need a page server and the lazy-pages daemon driven beside the restore)")]
-    Unsupported(&'static str),
     #[error(
         "restore of a container with a terminal needs --console-socket or a foreground restore"
     )]
@@ -126,9 +124,6 @@ impl Drop for Made {
 /// pid, our child. The caller holds the root lock and has checked that
 /// the id is free.
 pub fn restore(ctx: &Context, req: &RestoreRequest) -> Result<Pid, ContainerError> {
-    if req.lazy_pages {
-        return Err(RestoreError::Unsupported("lazy-pages").into());
-    }
     let empty_net = empty_namespaces(&req.empty_ns)?;
     let bundle = req.bundle;
     let spec = &bundle.spec;
@@ -264,6 +259,9 @@ pub fn restore(ctx: &Context, req: &RestoreRequest) -> Result<Pid, ContainerErro
     opts.set_file_locks(req.file_locks);
     opts.set_orphan_pts_master(true);
     opts.set_auto_dedup(req.auto_dedup);
+    // As runc: the pages come from `criu lazy-pages`, which the caller
+    // started on the work directory (its socket is there).
+    opts.set_lazy_pages(req.lazy_pages);
     // As runc: the restored processes' LSM profile and the mounts'
     // context, for Podman with SELinux or AppArmor.
     if let Some(profile) = &req.lsm_profile {

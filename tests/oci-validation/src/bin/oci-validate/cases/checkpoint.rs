@@ -27,6 +27,7 @@ use crate::report::Outcome;
 pub const CASES: &[(&str, CaseFn)] = &[
     ("checkpoint", checkpoint),
     ("checkpoint-tty", checkpoint_tty),
+    ("checkpoint-options", checkpoint_options),
 ];
 
 const DUMP: &str = "checkpoint of a running container";
@@ -447,4 +448,321 @@ fn show_dir(dir: &Path) -> String {
         }
         Err(e) => format!("{}: {e}", dir.display()),
     }
+}
+
+/// Whether `criu check --feature NAME` passes here.
+fn criu_feature(name: &str) -> bool {
+    Command::new("criu")
+        .args(["check", "--feature", name])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Whether a socket listens on TCP `port` (`/proc/net/tcp` and `tcp6`,
+/// state 0A).
+fn listens(port: &str) -> bool {
+    let Ok(port) = port.parse::<u16>() else {
+        return false;
+    };
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let mut it = l.split_whitespace();
+                let local = it.nth(1).unwrap_or("");
+                let state = it.nth(1).unwrap_or("");
+                local.ends_with(&want) && state == "0A"
+            })
+        })
+    })
+}
+
+/// A free TCP port on the loopback address.
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A running container counting into a bind-mounted directory, with pipes
+/// for its stdio; the child keeps them open.
+fn counting(ctx: &mut Ctx) -> Result<(String, std::path::PathBuf, crate::bundle::Bundle, Child)> {
+    let shared = ctx.scratch("counter")?;
+    let mut b = ctx.bundle()?;
+    b.args(&[
+        "/bin/sh",
+        "-c",
+        "i=0; while :; do i=$((i+1)); echo $i > /counter/n.new; mv /counter/n.new /counter/n; sleep 0.05; done",
+    ]);
+    b.push(
+        "/mounts",
+        serde_json::json!({
+            "destination": "/counter", "type": "bind",
+            "source": shared, "options": ["rbind", "rw"]
+        }),
+    );
+    b.write()?;
+    let id = ctx.id();
+    let (code, err, child) = with_pipes(ctx, &["run", "-d", "--bundle", &b.dir_str(), &id])?;
+    anyhow::ensure!(code == Some(0), "run -d: {code:?}: {err}");
+    anyhow::ensure!(
+        poll(20, || (counter(&shared) >= 5).then_some(())).is_some(),
+        "the workload did not count to 5 in 20 s"
+    );
+    Ok((id, shared, b, child))
+}
+
+/// Whether the counter moves on from `from` within a few seconds.
+fn goes_on(shared: &Path, from: u64) -> bool {
+    poll(10, || (counter(shared) > from).then_some(())).is_some()
+}
+
+/// runc's checkpoint options beyond the plain dump, each as runc 1.1 on
+/// this host does it: the pages to a CRIU page server and a restore from
+/// them; `--pre-dump` and `--parent-path` (or runc's refusal when CRIU
+/// cannot track memory here); a paused container dumped from its frozen
+/// cgroup; bad `--page-server` and `--empty-ns` values refused in runc's
+/// words, the container untouched.
+fn checkpoint_options(ctx: &mut Ctx) -> Result<()> {
+    const PS_DUMP: &str = "checkpoint --page-server: the pages go to the page server";
+    const PS_RESTORE: &str = "checkpoint --page-server: restore from its images goes on";
+    const PRE: &str = "checkpoint --pre-dump: as runc (or refused: CRIU is missing features)";
+    const PRE_RUNS: &str = "checkpoint --pre-dump: the container runs on";
+    const PARENT: &str = "checkpoint --parent-path after a pre-dump: restore goes on";
+    const PAUSED: &str = "checkpoint of a paused container: dumped and gone";
+    const PAUSED_RESTORE: &str = "restore of a paused container's images: running, goes on";
+    const BAD_PS: &str = "checkpoint --page-server without a port: refused in runc's words";
+    const BAD_NS: &str = "checkpoint --empty-ns time: refused in runc's words";
+    const UNTOUCHED: &str = "after the refusals the container runs on";
+    const ALL: &[&str] = &[
+        PS_DUMP,
+        PS_RESTORE,
+        PRE,
+        PRE_RUNS,
+        PARENT,
+        PAUSED,
+        PAUSED_RESTORE,
+        BAD_PS,
+        BAD_NS,
+        UNTOUCHED,
+    ];
+    if let Err(why) = criu_works() {
+        ctx.skip_all(ALL, &format!("CRIU cannot run on this host ({why})"));
+        return Ok(());
+    }
+    let dir = ctx.scratch("options")?;
+
+    // Refusals first, on a running container.
+    let (id, shared, b, _child) = counting(ctx)?;
+    let out = ctx.rt.run(&[
+        "checkpoint",
+        "--page-server",
+        "127.0.0.1",
+        "--image-path",
+        &dir.join("bad").to_string_lossy(),
+        &id,
+    ])?;
+    ctx.check(
+        BAD_PS,
+        out.code == Some(1)
+            && out
+                .stderr
+                .contains("Use --page-server ADDRESS:PORT to specify page server"),
+        || out.describe(),
+    );
+    let out = ctx.rt.run(&[
+        "checkpoint",
+        "--empty-ns",
+        "time",
+        "--image-path",
+        &dir.join("bad").to_string_lossy(),
+        &id,
+    ])?;
+    ctx.check(
+        BAD_NS,
+        // (logrus escapes the quotes around the name)
+        out.code == Some(1)
+            && out.stderr.contains("namespace")
+            && out.stderr.contains("time")
+            && out.stderr.contains("is not supported"),
+        || out.describe(),
+    );
+    let now = counter(&shared);
+    let st = ctx.state(&id);
+    ctx.check(
+        UNTOUCHED,
+        st.as_ref().is_ok_and(|s| s["status"] == "running") && goes_on(&shared, now),
+        || super::show(&st),
+    );
+
+    // Pre-dump, then a dump on top of it.
+    let pre = dir.join("pre");
+    let out = ctx.rt.run(&[
+        "checkpoint",
+        "--pre-dump",
+        "--image-path",
+        &pre.to_string_lossy(),
+        &id,
+    ])?;
+    let tracking = criu_feature("mem_dirty_track");
+    let _ = match tracking {
+        true => ctx.check(PRE, out.success(), || out.describe()),
+        false => ctx.check(
+            PRE,
+            out.code == Some(1) && out.stderr.contains("CRIU is missing features"),
+            || format!("CRIU cannot track memory here: {}", out.describe()),
+        ),
+    };
+    let now = counter(&shared);
+    let st = ctx.state(&id);
+    ctx.check(
+        PRE_RUNS,
+        st.as_ref().is_ok_and(|s| s["status"] == "running") && goes_on(&shared, now),
+        || super::show(&st),
+    );
+    if tracking && out.success() {
+        let full = dir.join("full");
+        let out = ctx.rt.run(&[
+            "checkpoint",
+            "--parent-path",
+            "../pre",
+            "--image-path",
+            &full.to_string_lossy(),
+            &id,
+        ])?;
+        let saved = counter(&shared);
+        let (code, err, _restored) = with_pipes(
+            ctx,
+            &[
+                "restore",
+                "-d",
+                "--bundle",
+                &b.dir_str(),
+                "--image-path",
+                &full.to_string_lossy(),
+                &id,
+            ],
+        )?;
+        ctx.check(
+            PARENT,
+            out.success() && code == Some(0) && goes_on(&shared, saved),
+            || format!("checkpoint: {}; restore: {code:?} {err}", out.describe()),
+        );
+    } else {
+        ctx.record(
+            PARENT,
+            Outcome::Skip("CRIU cannot track memory changes on this host (criu check --feature mem_dirty_track)".into()),
+        );
+    }
+    ctx.rt.quiet(&["delete", "--force", &id]);
+
+    // The pages to a page server.
+    let (id, shared, b, _child) = counting(ctx)?;
+    let images = dir.join("page-server");
+    std::fs::create_dir_all(&images)?;
+    let port = free_port()?.to_string();
+    let mut server = Command::new("criu")
+        .args(["page-server", "--images-dir"])
+        .arg(&images)
+        .args(["--port", &port])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    crate::reaper::register(server.id());
+    // Until it listens (a connection would be its one client).
+    let listening = poll(10, || listens(&port).then_some(()));
+    anyhow::ensure!(
+        listening.is_some(),
+        "criu page-server did not listen on {port}"
+    );
+    let out = ctx.rt.run(&[
+        "checkpoint",
+        "--page-server",
+        &format!("127.0.0.1:{port}"),
+        "--image-path",
+        &images.to_string_lossy(),
+        &id,
+    ])?;
+    let served = crate::runtime::wait_timeout(&mut server, Duration::from_secs(20))?;
+    if served.is_none() {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+    crate::reaper::unregister(server.id());
+    let pages = std::fs::read_dir(&images)
+        .map(|rd| {
+            rd.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("pages-"))
+        })
+        .unwrap_or(false);
+    ctx.check(
+        PS_DUMP,
+        out.success() && pages && ctx.state(&id).is_err(),
+        || {
+            format!(
+                "{}; page server exited: {served:?}; {}",
+                out.describe(),
+                show_dir(&images)
+            )
+        },
+    );
+    let saved = counter(&shared);
+    let (code, err, _restored) = with_pipes(
+        ctx,
+        &[
+            "restore",
+            "-d",
+            "--bundle",
+            &b.dir_str(),
+            "--image-path",
+            &images.to_string_lossy(),
+            &id,
+        ],
+    )?;
+    ctx.check(
+        PS_RESTORE,
+        code == Some(0) && goes_on(&shared, saved),
+        || format!("restore: {code:?} {err}"),
+    );
+    ctx.rt.quiet(&["delete", "--force", &id]);
+
+    // A paused container.
+    let (id, shared, b, _child) = counting(ctx)?;
+    let out = ctx.rt.run(&["pause", &id])?;
+    anyhow::ensure!(out.success(), "pause: {}", out.describe());
+    let paused = dir.join("paused");
+    let out = ctx
+        .rt
+        .run(&["checkpoint", "--image-path", &paused.to_string_lossy(), &id])?;
+    let st = ctx.state(&id);
+    ctx.check(PAUSED, out.success() && st.is_err(), || {
+        format!("{}; {}", out.describe(), super::show(&st))
+    });
+    let saved = counter(&shared);
+    let (code, err, _restored) = with_pipes(
+        ctx,
+        &[
+            "restore",
+            "-d",
+            "--bundle",
+            &b.dir_str(),
+            "--image-path",
+            &paused.to_string_lossy(),
+            &id,
+        ],
+    )?;
+    let st = ctx.state(&id);
+    ctx.check(
+        PAUSED_RESTORE,
+        code == Some(0)
+            && st.as_ref().is_ok_and(|s| s["status"] == "running")
+            && goes_on(&shared, saved),
+        || format!("restore: {code:?} {err}; {}", super::show(&st)),
+    );
+    ctx.rt.quiet(&["delete", "--force", &id]);
+    Ok(())
 }
