@@ -172,12 +172,7 @@ pub fn attach(pid: i32, staged: &[Staged]) -> Result<(), BindError> {
         return Ok(());
     }
     let open = |what: &str, dir: bool| {
-        let path = PathBuf::from(format!("/proc/{pid}/{what}"));
-        let opened = match dir {
-            true => sys::open_dir_path(&path),
-            false => std::fs::File::open(&path).map(OwnedFd::from),
-        };
-        opened.map_err(|source| BindError::Proc { path, source })
+        sys::open_proc(pid, what, dir).map_err(|(path, source)| BindError::Proc { path, source })
     };
     let root = open("root", true)?;
     let mnt = open("ns/mnt", false)?;

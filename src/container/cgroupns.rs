@@ -20,7 +20,7 @@
 //! mount (`fixup::plan`).
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{LinuxNamespaceType, Mount, MountBuilder, Spec};
@@ -238,10 +238,7 @@ pub fn take_over(spec: &mut Spec) -> Result<Option<TakeOver>, CgroupNsError> {
     if !has_cgroup_namespace(spec) {
         return Ok(None);
     }
-    let v1 = matches!(
-        libcgroups::common::get_cgroup_setup(),
-        Ok(libcgroups::common::CgroupSetup::Legacy | libcgroups::common::CgroupSetup::Hybrid)
-    );
+    let v1 = super::cgroups::v1_host();
     if !v1 {
         return Ok(None);
     }
@@ -264,12 +261,8 @@ pub fn take_over(spec: &mut Spec) -> Result<Option<TakeOver>, CgroupNsError> {
 /// container whose init is `pid`.
 pub fn mount(pid: i32, taken: &TakeOver) -> Result<(), CgroupNsError> {
     let open = |what: &str, dir: bool| {
-        let path = PathBuf::from(format!("/proc/{pid}/{what}"));
-        let opened = match dir {
-            true => sys::open_dir_path(&path),
-            false => std::fs::File::open(&path).map(OwnedFd::from),
-        };
-        opened.map_err(|source| CgroupNsError::Proc { path, source })
+        sys::open_proc(pid, what, dir)
+            .map_err(|(path, source)| CgroupNsError::Proc { path, source })
     };
     let root = open("root", true)?;
     let mnt = open("ns/mnt", false)?;

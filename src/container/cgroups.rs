@@ -84,6 +84,15 @@ pub fn refuse_unified_on_v1(spec: &Spec) -> Result<(), CgroupError> {
     }
 }
 
+/// Whether this host's cgroups are v1 (legacy or hybrid): libcontainer
+/// then mounts a `cgroup` mount hierarchy by hierarchy.
+pub fn v1_host() -> bool {
+    matches!(
+        libcgroups::common::get_cgroup_setup(),
+        Ok(libcgroups::common::CgroupSetup::Legacy | libcgroups::common::CgroupSetup::Hybrid)
+    )
+}
+
 /// v1's switch of the OOM killer.
 const OOM_CONTROL: &str = "memory.oom_control";
 

@@ -31,7 +31,7 @@ use rust_criu::rust_criu_protobuf::rpc;
 use super::criu::Swrk;
 use super::{lc_error, load, status_str, ContainerError};
 use crate::context::Context;
-use crate::tier::{CgroupsMode, CheckpointRequest};
+use crate::tier::CheckpointRequest;
 
 /// CRIU's log, in the work directory (the image directory without one).
 const LOG: &str = "dump.log";
@@ -64,15 +64,6 @@ pub enum CheckpointError {
 fn prepare(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CheckpointError {
     let what = what.into();
     move |source| CheckpointError::Prepare { what, source }
-}
-
-fn cg_mode(mode: CgroupsMode) -> rpc::Criu_cg_mode {
-    match mode {
-        CgroupsMode::Soft => rpc::Criu_cg_mode::SOFT,
-        CgroupsMode::Full => rpc::Criu_cg_mode::FULL,
-        CgroupsMode::Strict => rpc::Criu_cg_mode::STRICT,
-        CgroupsMode::Ignore => rpc::Criu_cg_mode::IGNORE,
-    }
 }
 
 /// Asks CRIU whether it has the `wanted` features (runc's
@@ -136,13 +127,7 @@ fn external_namespace(
     spec: &Spec,
     typ: LinuxNamespaceType,
 ) -> Result<Option<String>, CheckpointError> {
-    let Some(path) = spec
-        .linux()
-        .as_ref()
-        .and_then(|l| l.namespaces().as_ref())
-        .and_then(|nss| nss.iter().find(|n| n.typ() == typ))
-        .and_then(|n| n.path().clone())
-    else {
+    let Some(path) = super::restore::namespace_path(spec, typ) else {
         return Ok(None);
     };
     let (name, key) = match typ {
@@ -164,22 +149,14 @@ fn external_mounts(spec: &Spec) -> Vec<String> {
     for m in spec.mounts().iter().flatten() {
         if super::fixup::is_bind(m) {
             out.push(m.destination().to_string_lossy().into_owned());
-        } else if m.typ().as_deref() == Some("cgroup") {
-            let v1 = matches!(
-                libcgroups::common::get_cgroup_setup(),
-                Ok(libcgroups::common::CgroupSetup::Legacy
-                    | libcgroups::common::CgroupSetup::Hybrid)
+        } else if m.typ().as_deref() == Some("cgroup") && super::cgroups::v1_host() {
+            let points = libcgroups::v1::util::list_subsystem_mount_points().unwrap_or_default();
+            out.extend(
+                points
+                    .into_iter()
+                    .filter(|p| p.starts_with(libcgroups::common::DEFAULT_CGROUP_ROOT))
+                    .map(|p| p.to_string_lossy().into_owned()),
             );
-            if v1 {
-                let points =
-                    libcgroups::v1::util::list_subsystem_mount_points().unwrap_or_default();
-                out.extend(
-                    points
-                        .into_iter()
-                        .filter(|p| p.starts_with(libcgroups::common::DEFAULT_CGROUP_ROOT))
-                        .map(|p| p.to_string_lossy().into_owned()),
-                );
-            }
         }
     }
     out
@@ -267,7 +244,7 @@ pub fn checkpoint(ctx: &Context, id: &str, req: &CheckpointRequest) -> Result<()
     opts.set_log_file(LOG.into());
     opts.set_root(rootfs.to_string_lossy().into_owned());
     opts.set_manage_cgroups(true);
-    opts.set_manage_cgroups_mode(cg_mode(req.cgroups_mode));
+    opts.set_manage_cgroups_mode(super::criu::cg_mode(req.cgroups_mode));
     opts.set_notify_scripts(true);
     opts.set_pid(pid);
     opts.set_shell_job(req.shell_job);
@@ -360,6 +337,7 @@ fn runc_words(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tier::CgroupsMode;
 
     #[test]
     fn messages_in_runc_words() {
@@ -393,6 +371,9 @@ mod tests {
             assert_eq!(name.parse::<CgroupsMode>(), Ok(mode));
         }
         assert!("props".parse::<CgroupsMode>().is_err());
-        assert_eq!(cg_mode(CgroupsMode::Soft), rpc::Criu_cg_mode::SOFT);
+        assert_eq!(
+            crate::container::criu::cg_mode(CgroupsMode::Soft),
+            rpc::Criu_cg_mode::SOFT
+        );
     }
 }

@@ -24,6 +24,17 @@ use nix::sys::socket::{
 use protobuf::Message;
 use rust_criu::rust_criu_protobuf::rpc;
 
+/// runc's `--manage-cgroups-mode` as CRIU's.
+pub fn cg_mode(mode: crate::tier::CgroupsMode) -> rpc::Criu_cg_mode {
+    use crate::tier::CgroupsMode;
+    match mode {
+        CgroupsMode::Soft => rpc::Criu_cg_mode::SOFT,
+        CgroupsMode::Full => rpc::Criu_cg_mode::FULL,
+        CgroupsMode::Strict => rpc::Criu_cg_mode::STRICT,
+        CgroupsMode::Ignore => rpc::Criu_cg_mode::IGNORE,
+    }
+}
+
 /// The largest response taken: CRIU's messages are a few hundred bytes.
 const MAX_MESSAGE: usize = 64 * 1024;
 

@@ -171,12 +171,11 @@ pub fn apply(pid: i32, fixes: &[MountFix]) -> Result<(), FixupError> {
     if fixes.is_empty() {
         return Ok(());
     }
-    let proc_open = |what: &str, f: &dyn Fn(&Path) -> io::Result<OwnedFd>| {
-        let path = PathBuf::from(format!("/proc/{pid}/{what}"));
-        f(&path).map_err(|source| FixupError::Proc { path, source })
+    let open = |what: &str, dir: bool| {
+        sys::open_proc(pid, what, dir).map_err(|(path, source)| FixupError::Proc { path, source })
     };
-    let root = proc_open("root", &sys::open_dir_path)?;
-    let ns = proc_open("ns/mnt", &|p| std::fs::File::open(p).map(OwnedFd::from))?;
+    let root = open("root", true)?;
+    let ns = open("ns/mnt", false)?;
     let own_ns = same_file(ns.as_fd(), Path::new("/proc/self/ns/mnt"));
     // setns() changes the calling thread only; this thread ends right after.
     std::thread::scope(|s| {

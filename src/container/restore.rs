@@ -39,7 +39,7 @@ use super::{cgroups, fixup, lc_error, ContainerError};
 use crate::config::Isolation;
 use crate::context::Context;
 use crate::state::{process_start_time, Record};
-use crate::tier::{CgroupsMode, RestoreRequest};
+use crate::tier::RestoreRequest;
 
 /// CRIU's log, in the work directory (the image directory without one).
 const LOG: &str = "restore.log";
@@ -251,7 +251,7 @@ pub fn restore(ctx: &Context, req: &RestoreRequest) -> Result<Pid, ContainerErro
     opts.set_rst_sibling(true);
     opts.set_root(root.to_string_lossy().into_owned());
     opts.set_manage_cgroups(true);
-    opts.set_manage_cgroups_mode(cg_mode(req.cgroups_mode));
+    opts.set_manage_cgroups_mode(criu::cg_mode(req.cgroups_mode));
     opts.set_notify_scripts(true);
     opts.set_shell_job(req.shell_job);
     opts.set_ext_unix_sk(req.ext_unix_sk);
@@ -405,15 +405,6 @@ fn empty_namespaces(names: &[String]) -> Result<bool, RestoreError> {
     Ok(net)
 }
 
-fn cg_mode(mode: CgroupsMode) -> rpc::Criu_cg_mode {
-    match mode {
-        CgroupsMode::Soft => rpc::Criu_cg_mode::SOFT,
-        CgroupsMode::Full => rpc::Criu_cg_mode::FULL,
-        CgroupsMode::Strict => rpc::Criu_cg_mode::STRICT,
-        CgroupsMode::Ignore => rpc::Criu_cg_mode::IGNORE,
-    }
-}
-
 /// The init's stdio at the checkpoint: three names such as `pipe:[123]`.
 fn descriptors(images: &Path) -> Result<Vec<String>, RestoreError> {
     let path = images.join(DESCRIPTORS);
@@ -428,7 +419,7 @@ fn descriptors(images: &Path) -> Result<Vec<String>, RestoreError> {
 }
 
 /// The path of a namespace the spec joins.
-fn namespace_path(spec: &Spec, typ: LinuxNamespaceType) -> Option<PathBuf> {
+pub(super) fn namespace_path(spec: &Spec, typ: LinuxNamespaceType) -> Option<PathBuf> {
     spec.linux()
         .as_ref()?
         .namespaces()

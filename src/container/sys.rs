@@ -94,6 +94,21 @@ pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// `/proc/PID/WHAT`: a directory as an O_PATH descriptor (`root`) or a
+/// file opened for reading (`ns/mnt`); the path with the error.
+pub fn open_proc(
+    pid: i32,
+    what: &str,
+    dir: bool,
+) -> Result<OwnedFd, (std::path::PathBuf, io::Error)> {
+    let path = std::path::PathBuf::from(format!("/proc/{pid}/{what}"));
+    let opened = match dir {
+        true => open_dir_path(&path),
+        false => std::fs::File::open(&path).map(OwnedFd::from),
+    };
+    opened.map_err(|e| (path, e))
+}
+
 /// `mkdirat(dirfd, name, mode)`; `name` must be a single component.
 pub fn mkdirat(dirfd: BorrowedFd<'_>, name: &Path, mode: u32) -> io::Result<()> {
     let c = cstring(name)?;

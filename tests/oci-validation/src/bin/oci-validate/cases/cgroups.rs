@@ -1074,15 +1074,7 @@ if mkdir /sys/fs/cgroup/net_cls,net_prio/probe 2>/dev/null; then echo mkdir=made
         b.set("/linux/cgroupsPath", json!(cg));
         b.push("/linux/namespaces", json!({"type": "cgroup"}));
         if i == 1 {
-            b.push("/linux/namespaces", json!({"type": "user"}));
-            b.set(
-                "/linux/uidMappings",
-                json!([{"containerID": 0, "hostID": 100000, "size": 65536}]),
-            );
-            b.set(
-                "/linux/gidMappings",
-                json!([{"containerID": 0, "hostID": 200000, "size": 65536}]),
-            );
+            super::user_namespace(&mut b);
         }
         b.args(&["/bin/sh", "-c", PROBE]);
         b.write()?;

@@ -87,6 +87,28 @@ fn with_pipes(ctx: &Ctx, args: &[&str]) -> Result<(Option<i32>, String, Child)> 
     Ok((status.code(), err, child))
 }
 
+/// A bundle whose workload counts into `n` of a bind-mounted scratch
+/// directory (written to a new file and renamed, never read half-written),
+/// and that directory.
+fn counter_bundle(ctx: &mut Ctx) -> Result<(std::path::PathBuf, crate::bundle::Bundle)> {
+    let shared = ctx.scratch("counter")?;
+    let mut b = ctx.bundle()?;
+    b.args(&[
+        "/bin/sh",
+        "-c",
+        "i=0; while :; do i=$((i+1)); echo $i > /counter/n.new; mv /counter/n.new /counter/n; sleep 0.05; done",
+    ]);
+    b.push(
+        "/mounts",
+        serde_json::json!({
+            "destination": "/counter", "type": "bind",
+            "source": shared, "options": ["rbind", "rw"]
+        }),
+    );
+    b.write()?;
+    Ok((shared, b))
+}
+
 fn counter(dir: &Path) -> u64 {
     std::fs::read_to_string(dir.join("n"))
         .ok()
@@ -131,21 +153,7 @@ fn checkpoint(ctx: &mut Ctx) -> Result<()> {
         }
     };
 
-    let shared = ctx.scratch("counter")?;
-    let mut b = ctx.bundle()?;
-    b.args(&[
-        "/bin/sh",
-        "-c",
-        "i=0; while :; do i=$((i+1)); echo $i > /counter/n.new; mv /counter/n.new /counter/n; sleep 0.05; done",
-    ]);
-    b.push(
-        "/mounts",
-        serde_json::json!({
-            "destination": "/counter", "type": "bind",
-            "source": shared, "options": ["rbind", "rw"]
-        }),
-    );
-    b.write()?;
+    let (shared, b) = counter_bundle(ctx)?;
     let id = ctx.id();
     let (code, err, _created) = with_pipes(ctx, &["create", "--bundle", &b.dir_str(), &id])?;
     anyhow::ensure!(code == Some(0), "create: {code:?}: {err}");
@@ -494,21 +502,7 @@ fn free_port() -> Result<u16> {
 /// A running container counting into a bind-mounted directory, with pipes
 /// for its stdio; the child keeps them open.
 fn counting(ctx: &mut Ctx) -> Result<(String, std::path::PathBuf, crate::bundle::Bundle, Child)> {
-    let shared = ctx.scratch("counter")?;
-    let mut b = ctx.bundle()?;
-    b.args(&[
-        "/bin/sh",
-        "-c",
-        "i=0; while :; do i=$((i+1)); echo $i > /counter/n.new; mv /counter/n.new /counter/n; sleep 0.05; done",
-    ]);
-    b.push(
-        "/mounts",
-        serde_json::json!({
-            "destination": "/counter", "type": "bind",
-            "source": shared, "options": ["rbind", "rw"]
-        }),
-    );
-    b.write()?;
+    let (shared, b) = counter_bundle(ctx)?;
     let id = ctx.id();
     let (code, err, child) = with_pipes(ctx, &["run", "-d", "--bundle", &b.dir_str(), &id])?;
     anyhow::ensure!(code == Some(0), "run -d: {code:?}: {err}");

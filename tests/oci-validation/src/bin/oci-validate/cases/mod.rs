@@ -388,6 +388,20 @@ pub fn sweep(rt: &Runtime, env: &Env) {
     }
 }
 
+/// A new user namespace with root mapped to host uid 100000 and gid
+/// 200000, 65536 ids each.
+pub fn user_namespace(b: &mut Bundle) {
+    b.push("/linux/namespaces", serde_json::json!({"type": "user"}));
+    b.set(
+        "/linux/uidMappings",
+        serde_json::json!([{"containerID": 0, "hostID": 100000, "size": 65536}]),
+    );
+    b.set(
+        "/linux/gidMappings",
+        serde_json::json!([{"containerID": 0, "hostID": 200000, "size": 65536}]),
+    );
+}
+
 /// Removes the per-run cgroup parents (`/<tag>`) that cases with an explicit
 /// cgroupsPath leave in each hierarchy once their containers are gone.
 pub fn cleanup_cgroups(env: &Env) {

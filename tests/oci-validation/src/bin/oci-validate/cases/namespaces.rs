@@ -191,15 +191,7 @@ fn join_path(ctx: &mut Ctx) -> Result<()> {
 
 fn user(ctx: &mut Ctx) -> Result<()> {
     let mut b = ctx.bundle()?;
-    b.push("/linux/namespaces", json!({"type": "user"}));
-    b.set(
-        "/linux/uidMappings",
-        json!([{"containerID": 0, "hostID": 100000, "size": 65536}]),
-    );
-    b.set(
-        "/linux/gidMappings",
-        json!([{"containerID": 0, "hostID": 200000, "size": 65536}]),
-    );
+    super::user_namespace(&mut b);
     let mut e = Expectations::default();
     e.push(
         "new user namespace",
@@ -313,15 +305,7 @@ fn user_unreachable_bind(ctx: &mut Ctx) -> Result<()> {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
     let mut b = ctx.bundle()?;
-    b.push("/linux/namespaces", json!({"type": "user"}));
-    b.set(
-        "/linux/uidMappings",
-        json!([{"containerID": 0, "hostID": 100000, "size": 65536}]),
-    );
-    b.set(
-        "/linux/gidMappings",
-        json!([{"containerID": 0, "hostID": 200000, "size": 65536}]),
-    );
+    super::user_namespace(&mut b);
     b.push(
         "/mounts",
         json!({"destination": "/tmp", "type": "bind",
