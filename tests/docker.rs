@@ -40,6 +40,11 @@ fn exit_code_is_propagated() {
     let d = require!(docker());
     d.run_rm(&[], &["sh", "-c", "exit 42"]).code(42);
     d.run_rm(&[], &["true"]).code(0);
+    // Docker reads these from the runtime's words (runc's): 127 for a
+    // command that is not there, 126 for one that cannot run.
+    d.run_rm(&[], &["/no/such/command"]).code(127);
+    d.run_rm(&[], &["no-such-command"]).code(127);
+    d.run_rm(&[], &["/etc/passwd"]).code(126);
 }
 
 #[test]

@@ -50,6 +50,25 @@ fn run_echo_in_its_own_kernel() {
 fn exit_code_is_propagated() {
     let d = require!(microvm_docker());
     d.run_rm(&[], &["sh", "-c", "exit 42"]).code(42);
+    d.run_rm(&[], &["/no/such/command"]).code(127);
+    d.run_rm(&[], &["/etc/passwd"]).code(126);
+}
+
+/// `--pids-limit` holds the container's processes in the guest; the VM's
+/// host processes (QEMU's and virtiofsd's threads, Docker's prestart hook,
+/// a Go program with threads of its own) are not the container's and
+/// never counted against it (a limit of 5 on the host failed the hook).
+#[test]
+fn pids_limit_caps_the_guest_s_forks_not_the_vmm() {
+    let d = require!(microvm_docker());
+    let forks = "cat /sys/fs/cgroup/pids.max; \
+                 i=0; while [ $i -lt 8 ]; do sleep 30 & i=$((i+1)); done; echo forked";
+    // busybox sh gives up with status 2 when it cannot fork.
+    let out = d
+        .run_rm(&["--pids-limit", "5"], &["sh", "-c", forks])
+        .code(2);
+    assert!(out.stdout.starts_with("5\n"), "{out}");
+    assert!(out.stderr.contains("can't fork"), "8 forks under 5:\n{out}");
 }
 
 #[test]

@@ -133,7 +133,19 @@ pub fn lc_error(err: impl std::error::Error) -> ContainerError {
         }
         source = s.source();
     }
-    ContainerError::Libcontainer(runc_hook_message(&msg))
+    ContainerError::Libcontainer(runc_init_message(&runc_hook_message(&msg)))
+}
+
+/// libcontainer 0.7's words for an error of the container's init (the
+/// process that becomes the workload: a mount, `chdir`, the executable's
+/// lookup), in runc's: `unable to start container process: ...`. Callers
+/// read what follows (Docker's exit codes 126 and 127 come from it).
+fn runc_init_message(msg: &str) -> String {
+    const LC: &str =
+        "failed to create container: exec process failed with error error in executing process : ";
+    const LC_INNER: &str = "exec process failed with error error in executing process : ";
+    const RUNC: &str = "unable to start container process: ";
+    msg.replace(LC, RUNC).replace(LC_INNER, RUNC)
 }
 
 /// libcontainer 0.7's words for a hook that exited non-zero (its
@@ -337,6 +349,17 @@ fn rootfs_of(bundle: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn init_failures_in_runc_words() {
+        assert_eq!(
+            runc_init_message(
+                "failed to create container: exec process failed with error error in executing \
+                 process : exec: \"x\": executable file not found in $PATH"
+            ),
+            "unable to start container process: exec: \"x\": executable file not found in $PATH"
+        );
+    }
 
     #[test]
     fn hook_failures_in_runc_words() {

@@ -94,30 +94,145 @@ impl Executor for Workload {
         DefaultExecutor {}.exec(spec)
     }
 
+    /// Looks the executable up as runc 1.1 does before `create` returns
+    /// (see [`look_path`]): a missing or unrunnable one fails `create` in
+    /// runc's words, which Docker, Podman and containerd read to give exit
+    /// codes 127 and 126.
     fn validate(&self, spec: &Spec) -> Result<(), ExecutorValidationError> {
-        // libcontainer's check wants a PATH even for a path like /bin/id,
-        // which execvp runs without one; runc runs it (a process file with
-        // no env at all is valid). Check such a spec as if PATH were empty.
-        let process = spec.process().as_ref();
-        let by_path = process
-            .and_then(|p| p.args().as_ref())
-            .and_then(|a| a.first())
-            .is_some_and(|a| a.contains('/'));
-        let env = process.and_then(|p| p.env().as_ref());
-        let has_path = env.is_some_and(|e| e.iter().any(|v| v.starts_with("PATH=")));
-        if by_path && !has_path {
-            let mut spec = spec.clone();
-            if let Some(p) = spec.process_mut() {
-                let mut env = p.env().clone().unwrap_or_default();
-                env.push("PATH=".to_string());
-                p.set_env(Some(env));
-            }
-            return DefaultExecutor {}.validate(&spec);
-        }
-        DefaultExecutor {}.validate(spec)
+        let process = spec.process().as_ref().ok_or_else(|| {
+            ExecutorValidationError::ArgValidationError("spec did not contain process".into())
+        })?;
+        let Some(name) = process.args().as_ref().and_then(|a| a.first()) else {
+            return Ok(());
+        };
+        let path = process
+            .env()
+            .as_ref()
+            .and_then(|env| env.iter().find_map(|v| v.strip_prefix("PATH=")));
+        look_path(name, path).map_err(ExecutorValidationError::ArgValidationError)
     }
 
     fn setup_envs(&self, envs: HashMap<String, String>) -> Result<(), ExecutorSetEnvsError> {
         DefaultExecutor {}.setup_envs(envs)
+    }
+}
+
+/// Finds the workload's executable the way runc 1.1 does (Go's
+/// `exec.LookPath`, run in the container after `chdir` to its cwd), with
+/// its messages:
+/// - a name with a `/` is taken as it is: `exec: "NAME": stat NAME: no such
+///   file or directory` when it does not exist;
+/// - any other name is searched in the process's `PATH` (an empty entry is
+///   the cwd; no `PATH` searches nothing): `exec: "NAME": executable file
+///   not found in $PATH`;
+/// - a directory or a file with no execute bit: `exec: "NAME": permission
+///   denied`.
+///
+/// libcontainer's own check differs from runc's: it refuses a name without
+/// a `/` when the process has no `PATH`, and a file that only its owner or
+/// group may execute (it tests the "other" bit alone), and its messages do
+/// not have the words callers look for.
+pub fn look_path(name: &str, path: Option<&str>) -> Result<(), String> {
+    fn executable(file: &std::path::Path) -> std::io::Result<bool> {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(file)?;
+        Ok(!meta.is_dir() && meta.permissions().mode() & 0o111 != 0)
+    }
+    let denied = || format!("exec: {name:?}: permission denied");
+    if name.contains('/') {
+        return match executable(std::path::Path::new(name)) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(denied()),
+            Err(e) => Err(format!("exec: {name:?}: stat {name}: {}", go_errno(&e))),
+        };
+    }
+    let found = path
+        .filter(|p| !p.is_empty())
+        .into_iter()
+        .flat_map(|p| p.split(':'))
+        .map(|dir| std::path::Path::new(if dir.is_empty() { "." } else { dir }).join(name))
+        .any(|file| executable(&file).unwrap_or(false));
+    if found {
+        Ok(())
+    } else {
+        Err(format!(
+            "exec: {name:?}: executable file not found in $PATH"
+        ))
+    }
+}
+
+/// An OS error as Go prints it: the C library's text, lower-case first.
+fn go_errno(e: &std::io::Error) -> String {
+    let text = match e.raw_os_error() {
+        Some(n) => nix::errno::Errno::from_raw(n).desc().to_string(),
+        None => e.to_string(),
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::look_path;
+
+    #[test]
+    fn the_executable_is_looked_up_with_runc_s_messages() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, mode: u32| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            p.display().to_string()
+        };
+        let owner_only = file("owner-only", 0o700);
+        let plain = file("plain", 0o644);
+        let bin = dir.path().display().to_string();
+
+        // By path: runs with any execute bit (libcontainer wanted the
+        // "other" bit).
+        assert_eq!(look_path(&owner_only, None), Ok(()));
+        let missing = format!("{bin}/missing");
+        assert_eq!(
+            look_path(&missing, None),
+            Err(format!(
+                "exec: \"{missing}\": stat {missing}: no such file or directory"
+            ))
+        );
+        let below_file = format!("{plain}/x");
+        assert_eq!(
+            look_path(&below_file, None),
+            Err(format!(
+                "exec: \"{below_file}\": stat {below_file}: not a directory"
+            ))
+        );
+        assert_eq!(
+            look_path(&plain, None),
+            Err(format!("exec: \"{plain}\": permission denied"))
+        );
+        assert_eq!(
+            look_path(&bin, None),
+            Err(format!("exec: \"{bin}\": permission denied"))
+        );
+
+        // By name: searched in PATH, skipping what cannot run.
+        let path = format!("/nonexistent:{bin}");
+        assert_eq!(look_path("owner-only", Some(&path)), Ok(()));
+        let not_found = |name: &str| {
+            Err(format!(
+                "exec: \"{name}\": executable file not found in $PATH"
+            ))
+        };
+        assert_eq!(look_path("plain", Some(&path)), not_found("plain"));
+        assert_eq!(look_path("missing", Some(&path)), not_found("missing"));
+        // No PATH, or an empty one, searches nothing (runc, not
+        // libcontainer's "PATH environment variable is not set").
+        assert_eq!(look_path("owner-only", None), not_found("owner-only"));
+        assert_eq!(look_path("owner-only", Some("")), not_found("owner-only"));
+        assert_eq!(look_path("", Some(&path)), not_found(""));
     }
 }

@@ -69,9 +69,14 @@ impl GuestPlan {
     }
 }
 
-/// The part of a container's limits that its VM's host cgroup carries: CPU
-/// and pids. Memory is the guest's RAM, not a host limit on the VMM, which
-/// needs headroom beyond it; the device rules apply inside the guest.
+/// The part of a container's limits that its VM's host cgroup carries: CPU.
+/// Memory is the guest's RAM, not a host limit on the VMM, which needs
+/// headroom beyond it; the device rules and the pids limit apply inside the
+/// guest, where the container's processes are. On the host the cgroup holds
+/// the supervisor, the VMM's and virtiofsd's threads and the hooks the
+/// supervisor runs, none of them the container's processes: a small
+/// `--pids-limit` there failed Docker's prestart hook (a Go program that
+/// could not start its threads) and would starve the VMM of threads.
 pub fn host_limits(full: &oci_spec::runtime::LinuxResources) -> oci_spec::runtime::LinuxResources {
     let unified = matches!(
         libcgroups::common::get_cgroup_setup(),
@@ -104,7 +109,6 @@ pub fn host_limits_on(
     });
     r.set_devices(devices);
     r.set_cpu(full.cpu().clone());
-    r.set_pids(*full.pids());
     r
 }
 
@@ -475,7 +479,7 @@ mod tests {
         assert_eq!(r.typ(), Some(oci_spec::runtime::LinuxDeviceType::A));
         assert_eq!((r.major(), r.minor()), (None, None));
         assert_eq!(r.access().as_deref(), Some("rwm"));
-        assert_eq!(v2.pids().map(|p| p.limit()), Some(10));
+        assert!(v2.pids().is_none(), "the pids limit is the guest's");
         let v1 = host_limits_on(&full, false);
         assert!(v1.devices().is_none());
         assert!(v1.memory().is_none());

@@ -12,6 +12,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("process-user", user),
     ("process-cwd-created", cwd_created),
     ("process-path-lookup", path_lookup),
+    ("process-lookup-errors", lookup_errors),
     ("rlimits", rlimits),
 ];
 
@@ -187,6 +188,113 @@ fn path_lookup(ctx: &mut Ctx) -> Result<()> {
         },
     );
     ctx.run_checker(&b, &e)?;
+    Ok(())
+}
+
+/// The executable's lookup at `create`, as runc 1.1 does it (Go's
+/// `exec.LookPath` in the container): its messages are what Docker, Podman
+/// and containerd read for exit codes 127 (not found) and 126 (cannot run),
+/// and a file any of whose execute bits is set runs.
+fn lookup_errors(ctx: &mut Ctx) -> Result<()> {
+    let mut b = ctx.bundle()?;
+    let root = b.rootfs();
+    let script = |path: &str, mode: u32| -> Result<()> {
+        let p = root.join(path.trim_start_matches('/'));
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&p, "#!/bin/sh\nexit 0\n")?;
+        crate::bundle::set_mode(&p, mode)
+    };
+    script("/oci/lookup/owner-only", 0o700)?;
+    script("/oci/lookup/plain", 0o644)?;
+    script("/oci/lookup/a/tool", 0o644)?;
+    script("/oci/lookup/b/tool", 0o755)?;
+
+    let refusals: &[(&str, &[&str], &str, &str)] = &[
+        (
+            "a missing path: stat's no such file or directory",
+            &["/oci/lookup/missing"],
+            "PATH=/bin",
+            "exec: \"/oci/lookup/missing\": stat /oci/lookup/missing: no such file or directory",
+        ),
+        (
+            "a path below a file: stat's not a directory",
+            &["/oci/lookup/plain/x"],
+            "PATH=/bin",
+            "exec: \"/oci/lookup/plain/x\": stat /oci/lookup/plain/x: not a directory",
+        ),
+        (
+            "a name nowhere in PATH: executable file not found in $PATH",
+            &["oci-missing"],
+            "PATH=/bin:/oci/lookup",
+            "exec: \"oci-missing\": executable file not found in $PATH",
+        ),
+        (
+            "a name only non-executable in PATH: not found",
+            &["plain"],
+            "PATH=/oci/lookup",
+            "exec: \"plain\": executable file not found in $PATH",
+        ),
+        (
+            "a file without execute bits: permission denied",
+            &["/oci/lookup/plain"],
+            "PATH=/bin",
+            "exec: \"/oci/lookup/plain\": permission denied",
+        ),
+        (
+            "a directory: permission denied",
+            &["/oci/lookup"],
+            "PATH=/bin",
+            "exec: \"/oci/lookup\": permission denied",
+        ),
+    ];
+    for (check, args, path, phrase) in refusals {
+        b.args(args);
+        b.set("/process/env", json!([path]));
+        b.write()?;
+        let id = ctx.id();
+        let out = ctx.rt.run(&["run", "--bundle", &b.dir_str(), &id])?;
+        ctx.check(
+            check,
+            // runc logs through logrus, which escapes the quotes.
+            out.code == Some(1) && out.stderr.replace("\\\"", "\"").contains(phrase),
+            || {
+                format!(
+                    "want exit 1 and {phrase:?} on stderr, got {}",
+                    out.describe()
+                )
+            },
+        );
+        let left = ctx.rt.run(&["state", &id])?;
+        ctx.check(
+            format!("{check}: no container left"),
+            !left.success(),
+            || format!("state after the refused run: {}", left.describe()),
+        );
+    }
+
+    let runs: &[(&str, &[&str], &str)] = &[
+        (
+            "a file only its owner may execute runs",
+            &["/oci/lookup/owner-only"],
+            "PATH=/bin",
+        ),
+        (
+            "PATH's first match without execute bits is skipped",
+            &["tool"],
+            "PATH=/oci/lookup/a:/oci/lookup/b",
+        ),
+    ];
+    for (check, args, path) in runs {
+        b.args(args);
+        b.set("/process/env", json!([path]));
+        b.write()?;
+        let id = ctx.id();
+        let out = ctx.rt.run(&["run", "--bundle", &b.dir_str(), &id])?;
+        ctx.check_ok(check, &out);
+        ctx.rt.quiet(&["delete", "--force", &id]);
+    }
     Ok(())
 }
 
