@@ -43,6 +43,7 @@ pub fn create_container(
     let id = args.id.as_str();
     validate_id(id)?;
     let bundle = Bundle::load(&absolute(&args.bundle)?)?;
+    crate::container::bindcheck::check(&bundle.spec, &bundle.rootfs)?;
     let (isolation, source) = ctx
         .config
         .select_isolation(ctx.isolation_flag, bundle.spec.annotations().as_ref())?;

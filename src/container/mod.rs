@@ -23,6 +23,7 @@ use crate::context::Context;
 use crate::state::{self, Record};
 use crate::tier::RuncState;
 
+pub mod bindcheck;
 pub mod binds;
 pub mod cgroupns;
 pub mod cgroups;

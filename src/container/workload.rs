@@ -162,7 +162,7 @@ pub fn look_path(name: &str, path: Option<&str>) -> Result<(), String> {
 }
 
 /// An OS error as Go prints it: the C library's text, lower-case first.
-fn go_errno(e: &std::io::Error) -> String {
+pub fn go_errno(e: &std::io::Error) -> String {
     let text = match e.raw_os_error() {
         Some(n) => nix::errno::Errno::from_raw(n).desc().to_string(),
         None => e.to_string(),

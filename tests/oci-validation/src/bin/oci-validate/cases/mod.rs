@@ -196,6 +196,32 @@ impl<'a> Ctx<'a> {
         })
     }
 
+    /// Writes the bundle and records that `run` is refused with exit 1 and
+    /// `phrase` in its error (runc's logrus escapes the quotes; they are
+    /// compared unescaped), and that no container is left behind.
+    pub fn check_run_refused(&mut self, b: &Bundle, check: &str, phrase: &str) -> Result<()> {
+        b.write()?;
+        let id = self.id();
+        let out = self.rt.run(&["run", "--bundle", &b.dir_str(), &id])?;
+        self.check(
+            check,
+            out.code == Some(1) && out.stderr.replace("\\\"", "\"").contains(phrase),
+            || {
+                format!(
+                    "want exit 1 and {phrase:?} on stderr, got {}",
+                    out.describe()
+                )
+            },
+        );
+        let left = self.rt.run(&["state", &id])?;
+        self.check(
+            format!("{check}: no container left"),
+            !left.success(),
+            || format!("state after the refused run: {}", left.describe()),
+        );
+        Ok(())
+    }
+
     /// Records one result per expectation from checker output; expectations
     /// with no line fail with `why`.
     pub fn record_lines(&mut self, exp: &Expectations, output: &str, why: &str) {

@@ -17,7 +17,61 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("mounts-readonly-root", readonly_root),
     ("mounts-propagation", propagation),
     ("paths-masked-readonly", masked_custom),
+    ("mounts-bind-errors", bind_errors),
 ];
+
+/// The bind mounts users get wrong, refused at `create` in runc's words
+/// (Docker adds its "Are you trying to mount a directory onto a file"
+/// hint to "not a directory"): a missing source, a file onto a
+/// directory, a directory onto a file. Nothing is left behind.
+fn bind_errors(ctx: &mut Ctx) -> Result<()> {
+    let host = ctx.scratch("bind-errors")?;
+    let file = host.join("file");
+    std::fs::write(&file, "x").context("write the source file")?;
+    let (dir, file) = (host.display().to_string(), file.display().to_string());
+    let missing = format!("{dir}/missing");
+    let cases = [
+        (
+            "a missing source: stat's no such file or directory",
+            missing.as_str(),
+            "/mnt",
+            format!(
+                "error mounting \"{missing}\" to rootfs at \"/mnt\": stat {missing}: no such file or directory"
+            ),
+        ),
+        (
+            "a file onto a directory: not a directory",
+            file.as_str(),
+            "/etc",
+            format!("error mounting \"{file}\" to rootfs at \"/etc\""),
+        ),
+        (
+            "a directory onto a file: not a directory",
+            dir.as_str(),
+            "/etc/passwd",
+            format!("error mounting \"{dir}\" to rootfs at \"/etc/passwd\""),
+        ),
+    ];
+    for (check, source, dest, phrase) in &cases {
+        let mut b = ctx.bundle()?;
+        b.args(&["/bin/true"]);
+        b.push(
+            "/mounts",
+            json!({"destination": dest, "type": "bind", "source": source, "options": ["rbind"]}),
+        );
+        ctx.check_run_refused(&b, check, phrase)?;
+        if !phrase.contains("no such file") {
+            // runc's mount(2) error; the phrase above is its prefix.
+            let out = ctx.rt.run(&["run", "--bundle", &b.dir_str(), &ctx.id()])?;
+            ctx.check(
+                format!("{check}: says not a directory"),
+                out.stderr.contains("not a directory"),
+                || out.describe(),
+            );
+        }
+    }
+    Ok(())
+}
 
 fn mount_check(target: &str, fstype: Option<&str>, options: &[&str], absent: &[&str]) -> Check {
     Check::Mount {

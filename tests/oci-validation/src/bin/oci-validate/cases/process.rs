@@ -252,26 +252,7 @@ fn lookup_errors(ctx: &mut Ctx) -> Result<()> {
     for (check, args, path, phrase) in refusals {
         b.args(args);
         b.set("/process/env", json!([path]));
-        b.write()?;
-        let id = ctx.id();
-        let out = ctx.rt.run(&["run", "--bundle", &b.dir_str(), &id])?;
-        ctx.check(
-            check,
-            // runc logs through logrus, which escapes the quotes.
-            out.code == Some(1) && out.stderr.replace("\\\"", "\"").contains(phrase),
-            || {
-                format!(
-                    "want exit 1 and {phrase:?} on stderr, got {}",
-                    out.describe()
-                )
-            },
-        );
-        let left = ctx.rt.run(&["state", &id])?;
-        ctx.check(
-            format!("{check}: no container left"),
-            !left.success(),
-            || format!("state after the refused run: {}", left.describe()),
-        );
+        ctx.check_run_refused(&b, check, phrase)?;
     }
 
     let runs: &[(&str, &[&str], &str)] = &[
