@@ -33,7 +33,7 @@ use super::sys;
 pub enum BindError {
     #[error(transparent)]
     Refused(#[from] IdMapError),
-    #[error("{0}; {1} below it could not be mounted after it")]
+    #[error("{0}; {1} could not be mounted after it")]
     Hides(IdMapError, String),
     #[error("cannot open {path} to bind mount it at {destination}: {source}")]
     Open {
@@ -89,21 +89,31 @@ fn placeholder(m: &Mount, dir: bool) -> Result<Mount, BindError> {
     })
 }
 
-/// What the spec mounts or masks below `dest` after mount `index`: a later
-/// mount at or under it, or a masked or read-only path under it.
+/// What the spec mounts or masks at, below or over `dest` after mount
+/// `index`: a later mount at, under or above it (one above covers it, as
+/// it would under runc, where the tree, attached after the init's mounts,
+/// would land on top instead), or a masked or read-only path under it.
 fn later_below(spec: &Spec, index: usize, dest: &Path) -> Option<String> {
     let dest = clean(dest);
     let under = |p: &Path| {
         let p = clean(p);
         p.len() >= dest.len() && p.starts_with(&dest)
     };
+    let over = |p: &Path| dest.starts_with(&clean(p));
     let mounts = spec.mounts().as_deref().unwrap_or_default();
-    if let Some(m) = mounts
-        .iter()
-        .skip(index + 1)
-        .find(|m| under(m.destination()))
-    {
-        return Some(format!("the mount at {}", m.destination().display()));
+    for m in mounts.iter().skip(index + 1) {
+        if under(m.destination()) {
+            return Some(format!(
+                "the mount at {} below it",
+                m.destination().display()
+            ));
+        }
+        if over(m.destination()) {
+            return Some(format!(
+                "the mount at {} over it",
+                m.destination().display()
+            ));
+        }
     }
     let linux = spec.linux().as_ref()?;
     let paths = linux
@@ -113,7 +123,7 @@ fn later_below(spec: &Spec, index: usize, dest: &Path) -> Option<String> {
         .chain(linux.readonly_paths().iter().flatten());
     for p in paths {
         if under(Path::new(p)) {
-            return Some(format!("the masked or read-only path {p}"));
+            return Some(format!("the masked or read-only path {p} below it"));
         }
     }
     None
@@ -265,7 +275,13 @@ mod tests {
         let s = spec(&["/data", "/data/sub", "/other"], &[]);
         assert_eq!(
             later_below(&s, 0, Path::new("/data")).as_deref(),
-            Some("the mount at /data/sub")
+            Some("the mount at /data/sub below it")
+        );
+        // A later mount over it (at a parent) would cover it.
+        let s = spec(&["/data/sub", "/data"], &[]);
+        assert_eq!(
+            later_below(&s, 0, Path::new("/data/sub")).as_deref(),
+            Some("the mount at /data over it")
         );
         assert_eq!(later_below(&s, 1, Path::new("/data/sub")), None);
         // A sibling with a common prefix is not below.
@@ -280,7 +296,7 @@ mod tests {
         let s = spec(&["/proc/x"], &["/proc/x/y"]);
         assert_eq!(
             later_below(&s, 0, Path::new("/proc/x")).as_deref(),
-            Some("the masked or read-only path /proc/x/y")
+            Some("the masked or read-only path /proc/x/y below it")
         );
     }
 

@@ -21,6 +21,30 @@ pub struct Fixture {
     global: Vec<String>,
 }
 
+impl Drop for Fixture {
+    /// A test that fails part-way still ends its containers: each one left
+    /// in the fixture's state root is force-deleted before the directory
+    /// goes (nothing is left for a test that deleted its own).
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(self.root()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let id = entry.file_name().to_string_lossy().into_owned();
+            // Containers only: not the pool's `.~pool`, nor a lock file.
+            if !entry.path().is_dir() || id.starts_with('.') {
+                continue;
+            }
+            let _ = self
+                .command(&["delete", "--force", &id])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
 impl Fixture {
     /// A fixture for the container tier.
     // Not `Default`: it creates a directory and a bundle on disk.
