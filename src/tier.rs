@@ -242,3 +242,18 @@ pub fn for_isolation(isolation: Isolation) -> Box<dyn Tier> {
 pub fn of_container(ctx: &Context, id: &str) -> std::result::Result<Box<dyn Tier>, StateError> {
     Ok(for_isolation(state::tier_of(&ctx.root, id)?))
 }
+
+/// runc 1.1's refusal of `start` for a container in `status` (its state
+/// name), any state but created.
+pub fn cannot_start(status: &str) -> String {
+    match status {
+        "stopped" => "cannot start a container that has stopped".into(),
+        "running" => "cannot start an already running container".into(),
+        other => format!("cannot start a container in the {other} state"),
+    }
+}
+
+/// runc 1.1's refusal of `pause` of a container that is not running.
+pub const NOT_RUNNING: &str = "container not running";
+/// runc 1.1's refusal of `resume` of a container that is not paused.
+pub const NOT_PAUSED: &str = "container not paused";

@@ -46,19 +46,10 @@ impl tier::Tier for Tier {
 
     fn start(&self, ctx: &Context, id: &str) -> tier::Result<()> {
         let mut container = load(ctx, id)?;
-        match container.status() {
-            ContainerStatus::Created => {}
-            ContainerStatus::Stopped => {
-                return Err(status_error(
-                    "cannot start a container that has stopped".into(),
-                ))
-            }
-            other => {
-                return Err(status_error(format!(
-                "cannot start container {id} in status {}: only a created container can be started",
-                status_str(other)
-            )))
-            }
+        if container.status() != ContainerStatus::Created {
+            return Err(status_error(tier::cannot_start(status_str(
+                container.status(),
+            ))));
         }
         // poststart hooks are wrapped (see `hooks`): a failure's message
         // is runc's.
@@ -140,10 +131,7 @@ impl tier::Tier for Tier {
     fn pause(&self, ctx: &Context, id: &str) -> tier::Result<()> {
         let mut c = load(ctx, id)?;
         if c.status() != ContainerStatus::Running {
-            return Err(status_error(format!(
-                "cannot pause container {id}: it is {}, not running",
-                status_str(c.status())
-            )));
+            return Err(status_error(tier::NOT_RUNNING.into()));
         }
         c.pause().map_err(lc_error)?;
         Ok(())
@@ -152,10 +140,7 @@ impl tier::Tier for Tier {
     fn resume(&self, ctx: &Context, id: &str) -> tier::Result<()> {
         let mut c = load(ctx, id)?;
         if c.status() != ContainerStatus::Paused {
-            return Err(status_error(format!(
-                "cannot resume container {id}: it is {}, not paused",
-                status_str(c.status())
-            )));
+            return Err(status_error(tier::NOT_PAUSED.into()));
         }
         c.resume().map_err(lc_error)?;
         Ok(())

@@ -266,15 +266,9 @@ impl Agent {
         let mut container = crate::container::load(&self.ctx, guest_id)?;
         match container.status() {
             ContainerStatus::Created => {}
-            ContainerStatus::Stopped => {
-                return Err(RequestError::Refused(
-                    "cannot start a container that has stopped".into(),
-                ))
-            }
             other => {
-                return Err(RequestError::Refused(format!(
-                    "cannot start container {guest_id} in status {}: only a created container can be started",
-                    status_str(other)
+                return Err(RequestError::Refused(crate::tier::cannot_start(
+                    status_str(other),
                 )))
             }
         }

@@ -411,15 +411,11 @@ fn ask(ctx: &Context, id: &str, req: SupervisorRequest) -> Result<Reply> {
 
 pub fn start(ctx: &Context, id: &str) -> Result<()> {
     let s = load(ctx, id)?;
-    match s.effective_status() {
-        Status::Created => {}
-        Status::Stopped => return Err(refused("cannot start a container that has stopped")),
-        other => {
-            return Err(refused(format!(
-                "cannot start container {id} in status {}: only a created container can be started",
-                status_name(other, s.paused)
-            )))
-        }
+    let status = s.effective_status();
+    if status != Status::Created {
+        return Err(refused(crate::tier::cannot_start(status_name(
+            status, s.paused,
+        ))));
     }
     ask(ctx, id, SupervisorRequest::Start)?;
     let mut s = load(ctx, id)?;
@@ -622,16 +618,10 @@ pub fn set_paused(ctx: &Context, id: &str, paused: bool) -> Result<()> {
     let status = s.effective_status();
     let running = status == Status::Running;
     if paused && (!running || s.paused) {
-        return Err(refused(format!(
-            "cannot pause container {id}: it is {}, not running",
-            status_name(status, s.paused)
-        )));
+        return Err(refused(crate::tier::NOT_RUNNING));
     }
     if !paused && (!running || !s.paused) {
-        return Err(refused(format!(
-            "cannot resume container {id}: it is {}, not paused",
-            status_name(status, s.paused)
-        )));
+        return Err(refused(crate::tier::NOT_PAUSED));
     }
     if s.vmm == vmm::choice::BackendKind::Builtin.as_str() {
         // The builtin VMM parks its vCPUs; its supervisor goes on.

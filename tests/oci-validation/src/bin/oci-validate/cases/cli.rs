@@ -441,6 +441,22 @@ fn exec_states(ctx: &mut Ctx) -> Result<()> {
     );
     let out = ctx.rt.run(&["start", &id])?;
     anyhow::ensure!(out.success(), "start: {}", out.describe());
+    let out = ctx.rt.run(&["start", &id])?;
+    refused_saying(
+        ctx,
+        "start of a running container: refused as runc",
+        &out,
+        1,
+        "cannot start an already running container",
+    );
+    let out = ctx.rt.run(&["resume", &id])?;
+    refused_saying(
+        ctx,
+        "resume of a running container: refused as runc",
+        &out,
+        1,
+        "container not paused",
+    );
 
     let dir = ctx.scratch("exec-states")?;
     let pid_file = dir.join("no-such-dir").join("exec.pid");
@@ -461,6 +477,22 @@ fn exec_states(ctx: &mut Ctx) -> Result<()> {
 
     let out = ctx.rt.run(&["pause", &id])?;
     anyhow::ensure!(out.success(), "pause: {}", out.describe());
+    let out = ctx.rt.run(&["pause", &id])?;
+    refused_saying(
+        ctx,
+        "pause of a paused container: refused as runc",
+        &out,
+        1,
+        "container not running",
+    );
+    let out = ctx.rt.run(&["start", &id])?;
+    refused_saying(
+        ctx,
+        "start of a paused container: refused as runc",
+        &out,
+        1,
+        "cannot start a container in the paused state",
+    );
     let out = ctx.rt.run(&["exec", &id, "/bin/true"])?;
     refused_saying(
         ctx,
