@@ -89,6 +89,9 @@ struct Made {
     dir: Option<PathBuf>,
     root_mount: Option<PathBuf>,
     cgroup: Option<AnyCgroupManager>,
+    /// CRIU's work directory, where a CRIU that died mid-restore leaves
+    /// its cgroup yard mounted.
+    work: Option<PathBuf>,
 }
 
 impl Made {
@@ -103,12 +106,47 @@ impl Made {
         self.unmount_root();
         self.dir = None;
         self.cgroup = None;
+        self.work = None;
+    }
+}
+
+/// Detaches what a CRIU that died left mounted in its work directory
+/// `work`: its cgroup yard (`.criu.cgyard.XXXXXX`, a tmpfs with the
+/// hierarchies below it), which CRIU removes itself when it ends normally.
+fn unmount_cgroup_yards(work: &Path) {
+    let Ok(work) = work.canonicalize() else {
+        return;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let yards: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(super::cgroupns::unescape(p)))
+        .filter(|p| {
+            p.parent() == Some(work.as_path())
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(".criu.cgyard."))
+        })
+        .collect();
+    for yard in yards {
+        match umount2(&yard, MntFlags::MNT_DETACH) {
+            Ok(()) => {
+                let _ = std::fs::remove_dir(&yard);
+            }
+            Err(nix::errno::Errno::EINVAL) => {} // the same yard, stacked, already gone
+            Err(e) => tracing::warn!("cannot unmount CRIU's {}: {e}", yard.display()),
+        }
     }
 }
 
 impl Drop for Made {
     fn drop(&mut self) {
         self.unmount_root();
+        if let Some(work) = self.work.take() {
+            unmount_cgroup_yards(&work);
+        }
         if let Some(cm) = self.cgroup.take() {
             if let Err(e) = cm.remove() {
                 tracing::warn!("cannot remove the cgroup of a failed restore: {e}");
@@ -155,6 +193,7 @@ pub fn restore(ctx: &Context, req: &RestoreRequest) -> Result<Pid, ContainerErro
         dir: Some(dir.clone()),
         root_mount: None,
         cgroup: None,
+        work: Some(work.clone()),
     };
 
     // The cgroup as `create` names it.
@@ -549,6 +588,44 @@ fn send_master(socket: &Path, master: OwnedFd) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_criu_s_cgroup_yard_is_unmounted_and_nothing_else() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: mounting a tmpfs needs root");
+            return;
+        }
+        use nix::mount::{mount, MsFlags};
+        let work = tempfile::tempdir().unwrap();
+        let yard = work.path().join(".criu.cgyard.Ab12Cd");
+        let other = work.path().join("other");
+        let tmpfs = |at: &Path| {
+            std::fs::create_dir(at).unwrap();
+            mount(
+                Some("tmpfs"),
+                at,
+                Some("tmpfs"),
+                MsFlags::empty(),
+                None::<&str>,
+            )
+            .unwrap();
+        };
+        tmpfs(&yard);
+        tmpfs(&yard.join("memory"));
+        tmpfs(&other);
+        let mounted = |p: &Path| {
+            let p = p.canonicalize().unwrap();
+            std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .lines()
+                .filter_map(|l| l.split(' ').nth(4))
+                .any(|m| Path::new(m) == p)
+        };
+        unmount_cgroup_yards(work.path());
+        assert!(!yard.exists(), "the yard stays mounted or in place");
+        assert!(mounted(&other), "another mount in the work directory went");
+        umount2(&other, MntFlags::MNT_DETACH).unwrap();
+    }
 
     #[test]
     fn only_the_network_namespace_can_be_left_empty() {
