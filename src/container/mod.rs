@@ -146,7 +146,11 @@ fn runc_init_message(msg: &str) -> String {
         "failed to create container: exec process failed with error error in executing process : ";
     const LC_INNER: &str = "exec process failed with error error in executing process : ";
     const RUNC: &str = "unable to start container process: ";
-    msg.replace(LC, RUNC).replace(LC_INNER, RUNC)
+    msg.replace(LC, RUNC)
+        .replace(LC_INNER, RUNC)
+        // runc's console-socket refusals, with libcontainer's name for the
+        // runtime in them ("cannot allocate tty if youki will detach ...").
+        .replace(" if youki will ", " if agentvm will ")
 }
 
 /// libcontainer 0.7's words for a hook that exited non-zero (its
@@ -359,6 +363,12 @@ mod tests {
                  process : exec: \"x\": executable file not found in $PATH"
             ),
             "unable to start container process: exec: \"x\": executable file not found in $PATH"
+        );
+        assert_eq!(
+            runc_init_message(
+                "cannot allocate tty if youki will detach without setting console socket"
+            ),
+            "cannot allocate tty if agentvm will detach without setting console socket"
         );
     }
 

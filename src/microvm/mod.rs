@@ -130,7 +130,7 @@ pub fn create(ctx: &Context, id: &str, bundle: &Bundle, opts: CreateOptions) -> 
     let terminal = bundle.terminal();
     if terminal && opts.console_socket.is_none() {
         return Err(refused(
-            "process.terminal is true: --console-socket is required",
+            "cannot allocate tty if agentvm will detach without setting console socket",
         ));
     }
     if !terminal && opts.console_socket.is_some() {
@@ -184,7 +184,7 @@ fn create_member(
         .unwrap_or(false);
     if terminal && opts.console_socket.is_none() {
         return Err(refused(
-            "process.terminal is true: --console-socket is required",
+            "cannot allocate tty if agentvm will detach without setting console socket",
         ));
     }
     if !terminal && opts.console_socket.is_some() {

@@ -19,7 +19,44 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("console", console),
     ("console-user", console_user),
     ("exec-tty", exec_tty),
+    ("console-socket-missing", console_socket_missing),
 ];
+
+/// `terminal: true` without `--console-socket` for a container that
+/// detaches (`create`, `run -d`): refused in runc's words, the runtime's
+/// name aside, and nothing left.
+fn console_socket_missing(ctx: &mut Ctx) -> Result<()> {
+    for (check, detach) in [("create", false), ("run -d", true)] {
+        let mut b = ctx.bundle()?;
+        b.args(&["/bin/true"]);
+        b.set("/process/terminal", serde_json::json!(true));
+        b.write()?;
+        let id = ctx.id();
+        let mut args = vec![if detach { "run" } else { "create" }];
+        if detach {
+            args.push("-d");
+        }
+        let dir = b.dir_str();
+        args.extend(["--bundle", dir.as_str(), id.as_str()]);
+        let out = ctx.rt.run(&args)?;
+        ctx.check(
+            format!("{check} with a terminal and no console socket: refused as runc"),
+            out.code == Some(1)
+                && out.stderr.contains("cannot allocate tty if ")
+                && out
+                    .stderr
+                    .contains(" will detach without setting console socket"),
+            || out.describe(),
+        );
+        let left = ctx.rt.run(&["state", &id])?;
+        ctx.check(
+            format!("{check} with a terminal and no console socket: nothing left"),
+            !left.success(),
+            || left.describe(),
+        );
+    }
+    Ok(())
+}
 
 /// Accepts the runtime's connection on `listener` and receives one fd,
 /// giving up when `pending` exits first or after the timeout.
