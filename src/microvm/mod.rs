@@ -135,7 +135,7 @@ pub fn create(ctx: &Context, id: &str, bundle: &Bundle, opts: CreateOptions) -> 
     }
     if !terminal && opts.console_socket.is_some() {
         return Err(refused(
-            "--console-socket given but process.terminal is false",
+            "cannot use console socket if agentvm will not detach or allocate tty",
         ));
     }
     // As runc and the container tier: a cgroup that exists frozen would
@@ -189,7 +189,7 @@ fn create_member(
     }
     if !terminal && opts.console_socket.is_some() {
         return Err(refused(
-            "--console-socket given but process.terminal is false",
+            "cannot use console socket if agentvm will not detach or allocate tty",
         ));
     }
     // The pod's network is the sandbox's, and so is its egress policy.

@@ -23,8 +23,8 @@ pub const CASES: &[(&str, CaseFn)] = &[
 ];
 
 /// `terminal: true` without `--console-socket` for a container that
-/// detaches (`create`, `run -d`): refused in runc's words, the runtime's
-/// name aside, and nothing left.
+/// detaches (`create`, `run -d`), and a console socket without a terminal:
+/// refused in runc's words, the runtime's name aside, and nothing left.
 fn console_socket_missing(ctx: &mut Ctx) -> Result<()> {
     for (check, detach) in [("create", false), ("run -d", true)] {
         let mut b = ctx.bundle()?;
@@ -55,6 +55,26 @@ fn console_socket_missing(ctx: &mut Ctx) -> Result<()> {
             || left.describe(),
         );
     }
+    let mut b = ctx.bundle()?;
+    b.args(&["/bin/true"]);
+    b.write()?;
+    let id = ctx.id();
+    let socket = ctx.scratch("console-socket-missing")?.join("socket");
+    let out = ctx.rt.run(&[
+        "create",
+        "--console-socket",
+        &socket.to_string_lossy(),
+        "--bundle",
+        &b.dir_str(),
+        &id,
+    ])?;
+    ctx.check(
+        "a console socket without a terminal: refused as runc",
+        out.code == Some(1)
+            && out.stderr.contains("cannot use console socket if ")
+            && out.stderr.contains(" will not detach or allocate tty"),
+        || out.describe(),
+    );
     Ok(())
 }
 
