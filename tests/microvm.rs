@@ -486,8 +486,9 @@ fn pause_stops_the_guest_and_resume_lets_it_go_on() {
     let frozen = tick();
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(tick(), frozen, "the guest ran while paused");
-    // A paused container cannot be paused again, nor deleted.
-    assert_one_clear_error(&f, &f.agentvm(&["pause", id]), "paused");
+    // A paused container cannot be paused again (runc's words), nor
+    // deleted.
+    assert_one_clear_error(&f, &f.agentvm(&["pause", id]), "container not running");
     // A signal to a paused container is taken, and stays pending until
     // resume, as for a frozen process under runc.
     f.agentvm(&["kill", id, "TERM"]).ok();
