@@ -179,7 +179,7 @@ fn container_tier_execs_are_audited_printed_counted_and_exported() {
 
     assert!(f.create(&id).success(), "create");
     // A refused exec (as runc, a created container takes execs; this
-    // program does not exist): the line says why.
+    // program does not exist): the line says why, in runc's words.
     let out = f.agentvm(&["exec", &id, "/no/such/program"]);
     assert_ne!(out.code, 0, "{out}");
     let refused = wait_for_exec(&f, &id, &["/no/such/program"]);
@@ -188,7 +188,7 @@ fn container_tier_execs_are_audited_printed_counted_and_exported() {
         refused["error"]
             .as_str()
             .unwrap_or("")
-            .contains("not found"),
+            .contains("stat /no/such/program: no such file or directory"),
         "{refused}"
     );
     f.agentvm(&["start", &id]).ok();
