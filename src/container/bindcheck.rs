@@ -59,7 +59,7 @@ pub fn check(spec: &Spec, rootfs: &Path) -> Result<(), BindCheckError> {
                 return Err(error(format!(
                     "stat {}: {}",
                     source.display(),
-                    super::workload::go_errno(&e)
+                    super::hooks::go_errno(e)
                 )))
             }
         };

@@ -143,7 +143,10 @@ pub fn look_path(name: &str, path: Option<&str>) -> Result<(), String> {
         return match executable(std::path::Path::new(name)) {
             Ok(true) => Ok(()),
             Ok(false) => Err(denied()),
-            Err(e) => Err(format!("exec: {name:?}: stat {name}: {}", go_errno(&e))),
+            Err(e) => Err(format!(
+                "exec: {name:?}: stat {name}: {}",
+                super::hooks::go_errno(e)
+            )),
         };
     }
     let found = path
@@ -158,19 +161,6 @@ pub fn look_path(name: &str, path: Option<&str>) -> Result<(), String> {
         Err(format!(
             "exec: {name:?}: executable file not found in $PATH"
         ))
-    }
-}
-
-/// An OS error as Go prints it: the C library's text, lower-case first.
-pub fn go_errno(e: &std::io::Error) -> String {
-    let text = match e.raw_os_error() {
-        Some(n) => nix::errno::Errno::from_raw(n).desc().to_string(),
-        None => e.to_string(),
-    };
-    let mut chars = text.chars();
-    match chars.next() {
-        Some(first) => first.to_lowercase().chain(chars).collect(),
-        None => text,
     }
 }
 
