@@ -326,7 +326,8 @@ fn terminal_init_signal_all_and_shutdown_with_live_processes() {
         Reply::Error { message } => {
             eprintln!("create with a missing executable: {message}");
             assert!(
-                message.contains("/no/such/binary") && message.contains("not found"),
+                message.contains("/no/such/binary")
+                    && message.contains("no such file or directory"),
                 "{message}"
             )
         }
