@@ -114,10 +114,11 @@ fn process_from_flags(config: &Path, args: &ExecArgs) -> anyhow::Result<Process>
     }
     if !args.cap.is_empty() {
         let mut caps = p.capabilities().clone().unwrap_or_default();
-        for name in &args.cap {
-            let cap: oci_spec::runtime::Capability = name
-                .parse()
-                .map_err(|_| anyhow::anyhow!("unknown capability {name:?}"))?;
+        // runc: ambient capabilities need inheritable ones, which `--cap`
+        // does not add, so it adds to the ambient set only when the
+        // process already has an inheritable set.
+        let ambient = caps.inheritable().is_some();
+        for cap in known_caps(&args.cap) {
             let add = |s: Option<oci_spec::runtime::Capabilities>| {
                 let mut s = s.unwrap_or_default();
                 s.insert(cap);
@@ -126,10 +127,38 @@ fn process_from_flags(config: &Path, args: &ExecArgs) -> anyhow::Result<Process>
             caps.set_bounding(add(caps.bounding().clone()));
             caps.set_effective(add(caps.effective().clone()));
             caps.set_permitted(add(caps.permitted().clone()));
+            if ambient {
+                caps.set_ambient(add(caps.ambient().clone()));
+            }
         }
         p.set_capabilities(Some(caps));
     }
     Ok(p)
+}
+
+/// The capabilities `--cap` names, spelled as runc spells them
+/// (`CAP_SYS_ADMIN`); a name that is not one is ignored with runc's
+/// warning, as runc ignores it.
+fn known_caps(names: &[String]) -> Vec<oci_spec::runtime::Capability> {
+    let mut known = Vec::new();
+    let mut unknown = Vec::new();
+    for name in names {
+        let spelled = name.starts_with("CAP_") && *name == name.to_ascii_uppercase();
+        match serde_json::from_value(serde_json::Value::String(name.clone())) {
+            Ok(cap) if spelled => known.push(cap),
+            _ => unknown.push(name.as_str()),
+        }
+    }
+    // runc names each once, sorted.
+    unknown.sort_unstable();
+    unknown.dedup();
+    if !unknown.is_empty() {
+        tracing::warn!(
+            "ignoring unknown or unavailable capabilities: [{}]",
+            unknown.join(" ")
+        );
+    }
+    known
 }
 
 /// `agentvm exec`; every failure reads `exec failed: ...`, as runc's.
@@ -234,5 +263,24 @@ mod tests {
         let e = file(r#"{"args":[],"cwd":"/"}"#).expect_err("no args");
         assert!(format!("{e:#}").contains("args must not be empty"), "{e:#}");
         assert!(file("[]").is_err());
+    }
+
+    #[test]
+    fn cap_flags_take_runc_s_spelling_and_skip_the_rest() {
+        use oci_spec::runtime::Capability;
+        let names: Vec<String> = [
+            "CAP_SYS_ADMIN",
+            "SYS_ADMIN",
+            "cap_net_raw",
+            "CAP_BOGUS",
+            "CAP_KILL",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            known_caps(&names),
+            vec![Capability::SysAdmin, Capability::Kill]
+        );
     }
 }

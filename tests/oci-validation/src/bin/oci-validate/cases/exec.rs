@@ -102,6 +102,56 @@ fn exec(ctx: &mut Ctx) -> Result<()> {
             "1234",
         ],
     )?;
+    // runc's `--cap` adds to the bounding, effective and permitted sets
+    // (not ambient: the process has no inheritable set) a name spelled as
+    // the spec spells it; any other spelling is ignored with a warning.
+    let with_admin =
+        caps::mask(&[DEFAULT_CAPS, &["CAP_SYS_ADMIN"]].concat()).map_err(anyhow::Error::msg)?;
+    let mut e = Expectations::default();
+    for (field, what) in [
+        ("CapBnd", "bounding"),
+        ("CapEff", "effective"),
+        ("CapPrm", "permitted"),
+    ] {
+        e.push(
+            format!("--cap CAP_SYS_ADMIN added to the {what} set"),
+            Check::CapSet {
+                field: field.into(),
+                mask: with_admin,
+            },
+        );
+    }
+    e.push(
+        "--cap adds nothing ambient without inheritable",
+        Check::CapSet {
+            field: "CapAmb".into(),
+            mask: 0,
+        },
+    );
+    ctx.exec_checker(&b, &id, &e, &["--cap", "CAP_SYS_ADMIN"])?;
+    let res = ctx.rt.run(&[
+        "exec",
+        "--cap",
+        "SYS_ADMIN",
+        "--cap",
+        "CAP_BOGUS",
+        "--cap",
+        "SYS_ADMIN",
+        &id,
+        "/bin/grep",
+        "CapEff",
+        "/proc/self/status",
+    ])?;
+    let plain = format!("CapEff:\t{default:016x}\n");
+    ctx.check(
+        "--cap of an unknown name is ignored with runc's warning",
+        res.code == Some(0)
+            && res.stdout == plain
+            && res
+                .stderr
+                .contains("ignoring unknown or unavailable capabilities: [CAP_BOGUS SYS_ADMIN]"),
+        || format!("{}: stdout {:?}", res.describe(), res.stdout),
+    );
     let res = ctx.rt.run(&["exec", &id, "/bin/sh", "-c", "exit 7"])?;
     ctx.check("exec exit code propagated", res.code == Some(7), || {
         res.describe()
