@@ -36,7 +36,10 @@ pub fn run(ctx: &Context, args: ListArgs) -> anyhow::Result<()> {
             .and_then(|(tier, _)| Ok(tier.state(ctx, &id)?))
             .map_err(|e| format!("{e:#}"));
         match state {
-            Ok(s) => states.push(s),
+            Ok(mut s) => {
+                s.owner = owner(&ctx.root.join(&id));
+                states.push(s)
+            }
             Err(e) => tracing::warn!("skipping container {id}: {e}"),
         }
     }
@@ -57,6 +60,20 @@ pub fn run(ctx: &Context, args: ListArgs) -> anyhow::Result<()> {
     super::emit(&String::from_utf8_lossy(&out))
 }
 
+/// Who owns a container, as runc's `list` names it: the user owning its
+/// state directory, by name, or `#UID` when no user has that id (`state`
+/// leaves the field empty, as runc's does).
+fn owner(dir: &std::path::Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return String::new();
+    };
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(meta.uid())) {
+        Ok(Some(user)) => user.name,
+        _ => format!("#{}", meta.uid()),
+    }
+}
+
 fn write_table(out: &mut impl Write, states: &[RuncState]) -> std::io::Result<()> {
     let rows: Vec<[String; 6]> =
         std::iter::once(["ID", "PID", "STATUS", "BUNDLE", "CREATED", "OWNER"].map(String::from))
@@ -67,11 +84,7 @@ fn write_table(out: &mut impl Write, states: &[RuncState]) -> std::io::Result<()
                     s.status.to_string(),
                     s.bundle.display().to_string(),
                     s.created.clone(),
-                    if s.owner.is_empty() {
-                        "root".into()
-                    } else {
-                        s.owner.clone()
-                    },
+                    s.owner.clone(),
                 ]
             }))
             .collect();

@@ -133,6 +133,19 @@ fn list_checks(ctx: &mut Ctx, id: &str, pid: i64) -> Result<()> {
             .is_some_and(|c| c["status"] == "running" && c["pid"].as_i64() == Some(pid)),
         || format!("{}: {}", out.describe(), out.stdout),
     );
+    // runc's `list` names the owner of the container's state directory
+    // (the harness runs as root); `state` leaves it empty.
+    ctx.check(
+        "list --format json: owner root",
+        entry.as_ref().is_some_and(|c| c["owner"] == "root"),
+        || format!("{}: {}", out.describe(), out.stdout),
+    );
+    let st = ctx.state(id);
+    ctx.check(
+        "state: owner empty",
+        st.as_ref().is_ok_and(|s| s["owner"] == ""),
+        || super::show(&st),
+    );
     let out = ctx.rt.run(&["ps", "--format", "json", id])?;
     let pids: Vec<i64> = serde_json::from_str(&out.stdout).unwrap_or_default();
     ctx.check(
