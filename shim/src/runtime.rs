@@ -256,11 +256,14 @@ impl Agentvm {
     /// The container's processes as host pids (`ps --format json`).
     pub fn pids(&self, id: &str) -> Result<Vec<u32>, RuntimeError> {
         let out = self.run("ps", &["--format", "json", id])?;
-        serde_json::from_slice(&out).map_err(|e| RuntimeError::Output {
-            command: "ps".into(),
-            what: "a pid list",
-            detail: e.to_string(),
-        })
+        // No processes print `null`, as runc's.
+        serde_json::from_slice::<Option<Vec<u32>>>(&out)
+            .map(Option::unwrap_or_default)
+            .map_err(|e| RuntimeError::Output {
+                command: "ps".into(),
+                what: "a pid list",
+                detail: e.to_string(),
+            })
     }
 
     fn run(&self, command: &str, args: &[&str]) -> Result<Vec<u8>, RuntimeError> {

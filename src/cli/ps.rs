@@ -24,7 +24,13 @@ pub fn run(ctx: &Context, args: PsArgs) -> anyhow::Result<()> {
     match args.format.as_str() {
         "json" => {
             let pids = tier.host_pids(ctx, &args.id)?;
-            super::emit(&format!("{}\n", serde_json::to_string(&pids)?))
+            // runc marshals no processes as null.
+            let json = if pids.is_empty() {
+                "null".to_string()
+            } else {
+                serde_json::to_string(&pids)?
+            };
+            super::emit(&format!("{json}\n"))
         }
         "table" => match tier.process_table(ctx, &args.id, &args.ps_args)? {
             ProcessTable::Host(pids) => table(&pids, &args.ps_args),

@@ -105,6 +105,19 @@ impl tier::Tier for Tier {
                 ": the guest's processes are listed by agentvm (PID PPID UID CMD)",
             ));
         }
+        // A stopped container has no processes (runc prints the header
+        // alone); a paused VM's guest cannot answer until it resumes.
+        match super::state(ctx, id)?.status {
+            "stopped" => return Ok(ProcessTable::Guest(Vec::new())),
+            "paused" => {
+                return Err(refused(format!(
+                    "container {id} is paused: a frozen microVM cannot list its processes \
+                     (ps --format json lists its host processes)"
+                ))
+                .into())
+            }
+            _ => {}
+        }
         Ok(ProcessTable::Guest(super::guest_processes(ctx, id)?))
     }
 

@@ -218,6 +218,18 @@ fn lifecycle(ctx: &mut Ctx) -> Result<()> {
     ctx.check("state stopped after init exits", st.is_ok(), || {
         super::show(&st)
     });
+    let res = ctx.rt.run(&["ps", &id])?;
+    ctx.check(
+        "ps of a stopped container: the header alone",
+        res.success() && res.stdout.lines().count() == 1 && res.stdout.contains("PID"),
+        || format!("{}: {:?}", res.describe(), res.stdout),
+    );
+    let res = ctx.rt.run(&["ps", "--format", "json", &id])?;
+    ctx.check(
+        "ps --format json of a stopped container: null",
+        res.success() && res.stdout.trim() == "null",
+        || format!("{}: {:?}", res.describe(), res.stdout),
+    );
     let res = ctx.rt.run(&["kill", &id, "KILL"])?;
     ctx.check_refused("kill of a stopped container refused", &res);
     let res = ctx.rt.run(&["start", &id])?;
@@ -500,6 +512,19 @@ fn pause_resume(ctx: &mut Ctx) -> Result<()> {
     ctx.check("cgroup frozen", f == Some(true), || {
         format!("frozen: {f:?}")
     });
+    let res = ctx.rt.run(&["ps", "--format", "json", &id])?;
+    let pids: Vec<i64> = serde_json::from_str(&res.stdout).unwrap_or_default();
+    ctx.check(
+        "ps --format json of a paused container lists its pids",
+        res.success() && !pids.is_empty(),
+        || format!("{}: {:?}", res.describe(), res.stdout),
+    );
+    let res = ctx.rt.run(&["ps", &id])?;
+    ctx.check(
+        "ps of a paused container lists its processes",
+        res.success() && res.stdout.lines().count() > 1,
+        || format!("{}: {:?}", res.describe(), res.stdout),
+    );
     let res = ctx.rt.run(&["list"])?;
     ctx.check(
         "list shows paused",
