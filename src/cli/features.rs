@@ -155,6 +155,16 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
             None => "OTLP/HTTP export when [audit] otlp_endpoint is set".to_string(),
         }
     );
+    // The kernel a microVM boots: the configured one, or the path `make
+    // install` puts it at, as `check` resolves it.
+    let kernel = match &config.microvm.kernel {
+        Some(k) => format!("{} (microvm.kernel)", k.display()),
+        None => {
+            let k = std::path::Path::new(crate::microvm::host::DEFAULT_KERNEL);
+            let missing = if k.is_file() { "" } else { ", missing" };
+            format!("{} (the default{missing})", k.display())
+        }
+    };
     let pool = match config.microvm.pool_size() {
         0 => "off (microvm.pool = N keeps N VMs booted per --root; agentvm pool fill|drain|list)"
             .to_string(),
@@ -200,7 +210,7 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
             "io.agentvm.checkpoint": "container tier: checkpoint (libcontainer's CRIU dump) and restore (agentvm's, through CRIU's RPC as runc drives it), with the criu on PATH; microvm tier: neither supported yet (a VM snapshot is the equivalent)",
             "io.agentvm.audit": audit,
             "io.agentvm.microvm.pool": pool,
-            "io.agentvm.microvm.kernel": config.microvm.kernel.as_ref().map_or_else(|| "not configured".to_string(), |k| k.display().to_string()),
+            "io.agentvm.microvm.kernel": kernel,
         },
         "potentiallyUnsafeConfigAnnotations": ["io.agentvm."],
     });
