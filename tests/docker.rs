@@ -634,6 +634,24 @@ fn update_memory_changes_the_cgroup() {
         c.inspect("{{.HostConfig.Memory}}"),
         (128u64 << 20).to_string()
     );
+    // Docker sends every field, zeros for what it leaves alone: a CPU
+    // quota and period of 0 with the memory above, the memory limit with
+    // the CPUs here. Zeros leave a value as it is (on cgroup v2, written
+    // as values, they were `max 0` in cpu.max: EINVAL).
+    d.run(&["update", "--cpus", "0.5", &c.name]).ok();
+    assert_eq!(c.cgroup(Resource::CpuQuota), "50000 100000");
+    assert_eq!(c.cgroup(Resource::MemoryLimit), (128u64 << 20).to_string());
+    d.run(&[
+        "update",
+        "--memory",
+        "96m",
+        "--memory-swap",
+        "192m",
+        &c.name,
+    ])
+    .ok();
+    assert_eq!(c.cgroup(Resource::MemoryLimit), (96u64 << 20).to_string());
+    assert_eq!(c.cgroup(Resource::CpuQuota), "50000 100000");
 }
 
 #[test]

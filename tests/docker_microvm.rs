@@ -282,6 +282,36 @@ fn memory_and_cpus_size_the_guest() {
     assert_eq!(lines[2], "268435456", "the container's own memory limit");
 }
 
+/// `docker update` sends zeros for what it leaves alone (a CPU quota and
+/// period of 0 with `--memory`): they leave the guest's cgroup v2 values as
+/// they are, where written as values they were `max 0` in cpu.max (EINVAL,
+/// and the update failed).
+#[test]
+fn update_changes_the_guest_s_cgroup_field_by_field() {
+    let d = require!(microvm_docker());
+    let c = d.start("mv-update", &["--memory", "256m"], &["sleep", "300"]);
+    let read = || {
+        c.exec(
+            &[],
+            &["cat", "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/cpu.max"],
+        )
+        .ok()
+        .stdout
+    };
+    d.run(&[
+        "update",
+        "--memory",
+        "200m",
+        "--memory-swap",
+        "300m",
+        &c.name,
+    ])
+    .ok();
+    assert_eq!(read(), format!("{}\nmax 100000\n", 200u64 << 20));
+    d.run(&["update", "--cpus", "0.5", &c.name]).ok();
+    assert_eq!(read(), format!("{}\n50000 100000\n", 200u64 << 20));
+}
+
 #[test]
 fn pause_and_unpause_freeze_the_vm() {
     let d = require!(microvm_docker());

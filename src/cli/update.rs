@@ -173,13 +173,54 @@ fn merge_flags(args: &UpdateArgs, mut r: LinuxResources) -> anyhow::Result<Linux
     Ok(r)
 }
 
+/// runc's `update` reads a zero (and an empty cpuset) as "leave it as it
+/// is", not as a value: Docker and containerd send every field, zeros for
+/// what the user did not set (`docker update --cpus 1` sends a memory limit
+/// of 0, `docker update --memory 1g` a CPU quota and period of 0). Written
+/// as values, a quota and period of 0 are `max 0` in a cgroup v2 `cpu.max`
+/// (EINVAL) and a pids limit of 0 is 1; so zeros become unset fields here.
+/// A quota without a period (or the reverse) keeps the other's old value,
+/// as runc's does.
+fn unset_zeros(mut r: LinuxResources) -> LinuxResources {
+    fn nonzero<T: Default + PartialEq>(v: Option<T>) -> Option<T> {
+        v.filter(|v| *v != T::default())
+    }
+    if let Some(mut m) = r.memory().clone() {
+        m.set_limit(nonzero(m.limit()));
+        m.set_reservation(nonzero(m.reservation()));
+        m.set_swap(nonzero(m.swap()));
+        m.set_kernel(nonzero(m.kernel()));
+        m.set_kernel_tcp(nonzero(m.kernel_tcp()));
+        r.set_memory(Some(m));
+    }
+    if let Some(mut c) = r.cpu().clone() {
+        c.set_shares(nonzero(c.shares()));
+        c.set_quota(nonzero(c.quota()));
+        c.set_period(nonzero(c.period()));
+        c.set_realtime_runtime(nonzero(c.realtime_runtime()));
+        c.set_realtime_period(nonzero(c.realtime_period()));
+        c.set_cpus(c.cpus().clone().filter(|s| !s.is_empty()));
+        c.set_mems(c.mems().clone().filter(|s| !s.is_empty()));
+        r.set_cpu(Some(c));
+    }
+    if let Some(mut b) = r.block_io().clone() {
+        b.set_weight(nonzero(b.weight()));
+        b.set_leaf_weight(nonzero(b.leaf_weight()));
+        r.set_block_io(Some(b));
+    }
+    if r.pids().as_ref().is_some_and(|p| p.limit() == 0) {
+        r.set_pids(None);
+    }
+    r
+}
+
 pub fn run(ctx: &Context, args: UpdateArgs) -> anyhow::Result<()> {
     crate::bundle::validate_id(&args.id)?;
     let base = match &args.resources {
         Some(p) => read_resources(p)?,
         None => LinuxResources::default(),
     };
-    let resources = merge_flags(&args, base)?;
+    let resources = unset_zeros(merge_flags(&args, base)?);
     let (tier, _lock) = super::open(ctx, &args.id, Some(LockMode::Exclusive))?;
     Ok(tier.update(ctx, &args.id, &resources)?)
 }
@@ -214,5 +255,33 @@ mod tests {
         }
         let e = parse_size("-2").unwrap_err();
         assert_eq!(e.to_string(), "invalid size: '-2'");
+    }
+
+    #[test]
+    fn zeros_docker_sends_for_what_it_leaves_alone_are_unset() {
+        let sent = r#"{"memory":{"limit":0,"reservation":0,"swap":0,"kernel":0},
+            "cpu":{"shares":0,"quota":0,"period":0,"cpus":"","mems":""},
+            "blockIO":{"weight":0},"pids":{"limit":0}}"#;
+        let r = super::unset_zeros(serde_json::from_str(sent).unwrap());
+        let m = r.memory().clone().unwrap();
+        assert_eq!(
+            (m.limit(), m.reservation(), m.swap(), m.kernel()),
+            (None, None, None, None)
+        );
+        let c = r.cpu().clone().unwrap();
+        assert_eq!((c.shares(), c.quota(), c.period()), (None, None, None));
+        assert_eq!((c.cpus().clone(), c.mems().clone()), (None, None));
+        assert_eq!(r.block_io().clone().unwrap().weight(), None);
+        assert!(r.pids().is_none());
+        // What is set stays, -1 (unlimited) included; a quota alone keeps
+        // no period (the cgroup's stays).
+        let sent = r#"{"memory":{"limit":104857600,"swap":-1},"cpu":{"quota":50000,"period":0},
+            "pids":{"limit":-1}}"#;
+        let r = super::unset_zeros(serde_json::from_str(sent).unwrap());
+        let m = r.memory().clone().unwrap();
+        assert_eq!((m.limit(), m.swap()), (Some(104857600), Some(-1)));
+        let c = r.cpu().clone().unwrap();
+        assert_eq!((c.quota(), c.period()), (Some(50000), None));
+        assert_eq!(r.pids().as_ref().map(|p| p.limit()), Some(-1));
     }
 }
