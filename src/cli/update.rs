@@ -185,7 +185,7 @@ fn unset_zeros(mut r: LinuxResources) -> LinuxResources {
     fn nonzero<T: Default + PartialEq>(v: Option<T>) -> Option<T> {
         v.filter(|v| *v != T::default())
     }
-    if let Some(mut m) = r.memory().clone() {
+    if let Some(mut m) = *r.memory() {
         m.set_limit(nonzero(m.limit()));
         m.set_reservation(nonzero(m.reservation()));
         m.set_swap(nonzero(m.swap()));
