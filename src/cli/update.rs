@@ -263,7 +263,7 @@ mod tests {
             "cpu":{"shares":0,"quota":0,"period":0,"cpus":"","mems":""},
             "blockIO":{"weight":0},"pids":{"limit":0}}"#;
         let r = super::unset_zeros(serde_json::from_str(sent).unwrap());
-        let m = r.memory().clone().unwrap();
+        let m = r.memory().unwrap();
         assert_eq!(
             (m.limit(), m.reservation(), m.swap(), m.kernel()),
             (None, None, None, None)
@@ -278,7 +278,7 @@ mod tests {
         let sent = r#"{"memory":{"limit":104857600,"swap":-1},"cpu":{"quota":50000,"period":0},
             "pids":{"limit":-1}}"#;
         let r = super::unset_zeros(serde_json::from_str(sent).unwrap());
-        let m = r.memory().clone().unwrap();
+        let m = r.memory().unwrap();
         assert_eq!((m.limit(), m.swap()), (Some(104857600), Some(-1)));
         let c = r.cpu().clone().unwrap();
         assert_eq!((c.quota(), c.period()), (Some(50000), None));
