@@ -264,7 +264,7 @@ pub fn cgroups_named(id: &str) -> Vec<PathBuf> {
         for e in entries.filter_map(|e| e.ok()) {
             if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
                 // libcontainer names a cgroup without cgroupsPath ":youki:<id>".
-                if e.file_name().to_string_lossy().contains(id) {
+                if names_container(&e.file_name().to_string_lossy(), id) {
                     found.push(e.path());
                 }
                 if dir.components().count() < 8 {
@@ -274,6 +274,17 @@ pub fn cgroups_named(id: &str) -> Vec<PathBuf> {
         }
     }
     found
+}
+
+/// Whether a cgroup's directory name holds the container id `id` as a
+/// whole word (`c1`, `:youki:c1`, `agentvm-c1.scope`), not as a prefix of
+/// another test's id (`pool-a` in `pool-after`).
+fn names_container(name: &str, id: &str) -> bool {
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || "_+-".contains(c));
+    name.match_indices(id).any(|(at, _)| {
+        !alnum(name[..at].chars().next_back()) && !word(name[at + id.len()..].chars().next())
+    })
 }
 
 /// When a process started, in clock ticks since boot (field 22 of its
@@ -369,4 +380,17 @@ pub fn assert_nothing_left(f: &Fixture, id: &str) {
     assert_eq!(f.leftovers(), Vec::<String>::new(), "state root not empty");
     assert_eq!(cgroups_named(id), Vec::<PathBuf>::new(), "cgroup left");
     assert_eq!(processes_with(id), Vec::<String>::new(), "process left");
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cgroup_names_an_id_as_a_whole_word() {
+        for name in ["pool-a", ":youki:pool-a", "agentvm-pool-a.scope"] {
+            assert!(super::names_container(name, "pool-a"), "{name}");
+        }
+        for name in ["pool-after", "xpool-a", "pool-a-2", "pool"] {
+            assert!(!super::names_container(name, "pool-a"), "{name}");
+        }
+    }
 }
