@@ -50,9 +50,7 @@ pub fn run(ctx: &Context, args: ListArgs) -> anyhow::Result<()> {
         }
     } else {
         match args.format.as_str() {
-            // runc marshals an empty list as null.
-            "json" if states.is_empty() => writeln!(out, "null")?,
-            "json" => writeln!(out, "{}", serde_json::to_string(&states)?)?,
+            "json" => writeln!(out, "{}", super::json_list(&states)?)?,
             "table" => write_table(&mut out, &states)?,
             other => anyhow::bail!("invalid format option {other:?}: expected table or json"),
         }

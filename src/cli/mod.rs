@@ -211,6 +211,16 @@ pub struct SuperviseArgs {
     pub console_socket: Option<PathBuf>,
 }
 
+/// A list as runc prints it in JSON: Go marshals an empty (nil) slice as
+/// `null`.
+pub fn json_list<T: serde::Serialize>(items: &[T]) -> serde_json::Result<String> {
+    if items.is_empty() {
+        Ok("null".to_string())
+    } else {
+        serde_json::to_string(items)
+    }
+}
+
 /// Writes command output to stdout. A reader that went away (`| head`)
 /// is not an error: agentvm ignores SIGPIPE, so it sees EPIPE instead.
 pub fn emit(text: &str) -> anyhow::Result<()> {

@@ -24,13 +24,7 @@ pub fn run(ctx: &Context, args: PsArgs) -> anyhow::Result<()> {
     match args.format.as_str() {
         "json" => {
             let pids = tier.host_pids(ctx, &args.id)?;
-            // runc marshals no processes as null.
-            let json = if pids.is_empty() {
-                "null".to_string()
-            } else {
-                serde_json::to_string(&pids)?
-            };
-            super::emit(&format!("{json}\n"))
+            super::emit(&format!("{}\n", super::json_list(&pids)?))
         }
         "table" => match tier.process_table(ctx, &args.id, &args.ps_args)? {
             ProcessTable::Host(pids) => table(&pids, &args.ps_args),
