@@ -16,7 +16,7 @@ PACKAGES=(
   # images and test tools
   busybox-static iproute2 iptables nftables dnsmasq-base socat jq procps util-linux psmisc
   # the microvm tier: QEMU, and what virtiofsd builds against
-  qemu-system-x86 libcap-ng-dev cpio e2fsprogs
+  qemu-system-x86 libcap-ng-dev cpio
   # checkpoint and restore in the container tier, as runc's: Debian's
   # criu, and what scripts/install-criu.sh builds CRIU 4.1 from Debian's
   # source with (bookworm's 3.17 cannot start on newer kernels)
