@@ -112,7 +112,7 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
     // runc refuses a stopped container. The shim's watch (--oom-since-create)
     // may start only after a workload over its limit was killed and the
     // container stopped: it still gets its one look, and the kill.
-    let stopped = tier.state(ctx, id)?.status == "stopped";
+    let stopped = settled(|| tier.state(ctx, id))?.status == "stopped";
     if stopped && (args.stats || !args.oom_since_create) {
         return Err(not_running());
     }
@@ -155,7 +155,7 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
                 // As runc: a failed sample is logged and the stream goes on.
                 Err(e) => tracing::error!("{e:#}"),
             }
-        } else if tier.state(ctx, id).map_or(true, |s| s.status == "stopped") {
+        } else if settled(|| tier.state(ctx, id)).map_or(true, |s| s.status == "stopped") {
             break;
         }
         let wait = next.saturating_duration_since(Instant::now());
@@ -168,18 +168,25 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The tier's OOM watch of container `id`. Tried a few times: the shim
-/// starts `events` right after `create`, while `start` may be rewriting
-/// the container's state file, which then cannot be read for a moment
-/// (and a watch given up on then would miss the kill of a workload over
-/// its limit).
+/// The tier's OOM watch of container `id`, read as [`settled`] reads.
 fn oom_watch(ctx: &Context, tier: &dyn Tier, id: &str) -> crate::tier::Result<Box<dyn OomWatch>> {
+    settled(|| tier.oom_watch(ctx, id))
+}
+
+/// What `read` gets from the container's state, tried up to 10 times 50 ms
+/// apart while it fails; the last error otherwise. The shim starts `events`
+/// right after `create`, and `start` rewrites libcontainer's state file in
+/// place: a read at that moment finds it empty ("EOF while parsing"). Taken
+/// at its word, such a read ended the watch as if the container had
+/// stopped, before its workload was killed over its limit, and the kill was
+/// never reported (CRI's `OOMKilled` test failed that way under load).
+fn settled<T>(mut read: impl FnMut() -> crate::tier::Result<T>) -> crate::tier::Result<T> {
     const TRIES: u32 = 10;
-    let mut tries = 0;
+    let mut tries = 1;
     loop {
-        match tier.oom_watch(ctx, id) {
-            Ok(watch) => return Ok(watch),
-            Err(e) if tries + 1 >= TRIES => return Err(e),
+        match read() {
+            Ok(value) => return Ok(value),
+            Err(e) if tries >= TRIES => return Err(e),
             Err(_) => {
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(50));
@@ -331,6 +338,30 @@ fn stats_event(id: &str, data: StatsData) -> Event<'_, StatsData> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_read_that_fails_for_a_moment_is_read_again() {
+        let failure = || {
+            crate::tier::TierError::unsupported("reading", crate::config::Isolation::Container, "")
+        };
+        let mut calls = 0;
+        let read = settled(|| {
+            calls += 1;
+            if calls < 3 {
+                Err(failure())
+            } else {
+                Ok(calls)
+            }
+        });
+        assert_eq!(read.ok(), Some(3));
+        let mut calls = 0;
+        let read: crate::tier::Result<()> = settled(|| {
+            calls += 1;
+            Err(failure())
+        });
+        assert!(read.is_err());
+        assert_eq!(calls, 10);
+    }
 
     #[test]
     fn intervals() {
