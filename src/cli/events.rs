@@ -112,7 +112,7 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
     // runc refuses a stopped container. The shim's watch (--oom-since-create)
     // may start only after a workload over its limit was killed and the
     // container stopped: it still gets its one look, and the kill.
-    let stopped = settled(|| tier.state(ctx, id))?.status == "stopped";
+    let stopped = tier.state(ctx, id)?.status == "stopped";
     if stopped && (args.stats || !args.oom_since_create) {
         return Err(not_running());
     }
@@ -123,7 +123,7 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
         out.put(&stats_event(id, stats));
         return Ok(());
     }
-    let mut oom = match oom_watch(ctx, tier.as_ref(), id) {
+    let mut oom = match tier.oom_watch(ctx, id) {
         Ok(mut watch) => watch.kills(ctx).ok().map(|seen| {
             let seen = if args.oom_since_create { 0 } else { seen };
             (watch, seen)
@@ -155,7 +155,7 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
                 // As runc: a failed sample is logged and the stream goes on.
                 Err(e) => tracing::error!("{e:#}"),
             }
-        } else if settled(|| tier.state(ctx, id)).map_or(true, |s| s.status == "stopped") {
+        } else if tier.state(ctx, id).map_or(true, |s| s.status == "stopped") {
             break;
         }
         let wait = next.saturating_duration_since(Instant::now());
@@ -166,33 +166,6 @@ pub fn run(ctx: &Context, args: EventsArgs) -> anyhow::Result<()> {
     // A kill that ended the container is counted before it is seen stopped.
     report_ooms(ctx, id, &mut oom, &mut out);
     Ok(())
-}
-
-/// The tier's OOM watch of container `id`, read as [`settled`] reads.
-fn oom_watch(ctx: &Context, tier: &dyn Tier, id: &str) -> crate::tier::Result<Box<dyn OomWatch>> {
-    settled(|| tier.oom_watch(ctx, id))
-}
-
-/// What `read` gets from the container's state, tried up to 10 times 50 ms
-/// apart while it fails; the last error otherwise. The shim starts `events`
-/// right after `create`, and `start` rewrites libcontainer's state file in
-/// place: a read at that moment finds it empty ("EOF while parsing"). Taken
-/// at its word, such a read ended the watch as if the container had
-/// stopped, before its workload was killed over its limit, and the kill was
-/// never reported (CRI's `OOMKilled` test failed that way under load).
-fn settled<T>(mut read: impl FnMut() -> crate::tier::Result<T>) -> crate::tier::Result<T> {
-    const TRIES: u32 = 10;
-    let mut tries = 1;
-    loop {
-        match read() {
-            Ok(value) => return Ok(value),
-            Err(e) if tries >= TRIES => return Err(e),
-            Err(_) => {
-                tries += 1;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
 }
 
 /// The wake-up signal, blocked in this thread so that a wait can take it
@@ -338,30 +311,6 @@ fn stats_event(id: &str, data: StatsData) -> Event<'_, StatsData> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_state_read_that_fails_for_a_moment_is_read_again() {
-        let failure = || {
-            crate::tier::TierError::unsupported("reading", crate::config::Isolation::Container, "")
-        };
-        let mut calls = 0;
-        let read = settled(|| {
-            calls += 1;
-            if calls < 3 {
-                Err(failure())
-            } else {
-                Ok(calls)
-            }
-        });
-        assert_eq!(read.ok(), Some(3));
-        let mut calls = 0;
-        let read: crate::tier::Result<()> = settled(|| {
-            calls += 1;
-            Err(failure())
-        });
-        assert!(read.is_err());
-        assert_eq!(calls, 10);
-    }
 
     #[test]
     fn intervals() {

@@ -176,12 +176,51 @@ pub fn status_str(status: ContainerStatus) -> &'static str {
 
 /// Loads a container and settles its status against reality: a pid that is
 /// gone, a zombie, or a pid reused by another process means stopped.
+/// libcontainer saves `state.json` in place (truncated, then written): a
+/// read at that moment parses an empty or partial file although nothing is
+/// wrong. Taken at its word, such a read made `agentvm events` end its OOM
+/// watch as if the container had stopped, while `start` was running and
+/// before the workload was killed over its limit (CRI's `OOMKilled` test
+/// failed so under load). A file that does not parse is read again.
+fn load_state(dir: PathBuf) -> Result<Container, libcontainer::error::LibcontainerError> {
+    use libcontainer::container::state::StateError;
+    use libcontainer::error::LibcontainerError;
+    read_again(
+        || Container::load(dir.clone()),
+        |e| {
+            matches!(
+                e,
+                LibcontainerError::State(StateError::ParseStateFile { .. })
+            )
+        },
+    )
+}
+
+/// `read`, tried up to 10 times 50 ms apart while it fails with an error
+/// `passing` says may pass; any other error at once.
+fn read_again<T, E>(
+    mut read: impl FnMut() -> Result<T, E>,
+    passing: impl Fn(&E) -> bool,
+) -> Result<T, E> {
+    const TRIES: u32 = 10;
+    let mut tries = 1;
+    loop {
+        match read() {
+            Err(e) if tries < TRIES && passing(&e) => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
 pub fn load(ctx: &Context, id: &str) -> Result<Container, ContainerError> {
     let dir = ctx.container_dir(id);
     if !dir.join("state.json").exists() {
         return Err(state::StateError::NotFound(id.to_string()).into());
     }
-    let mut container = Container::load(dir).map_err(lc_error)?;
+    let mut container = load_state(dir).map_err(lc_error)?;
     if let (
         Some(pid),
         Some(Record {
@@ -354,6 +393,44 @@ fn rootfs_of(bundle: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_read_that_fails_for_a_moment_is_read_again() {
+        let passing = |e: &&str| *e == "being written";
+        let mut calls = 0;
+        let read = read_again(
+            || {
+                calls += 1;
+                if calls < 3 {
+                    Err("being written")
+                } else {
+                    Ok(calls)
+                }
+            },
+            passing,
+        );
+        assert_eq!(read, Ok(3));
+        let mut calls = 0;
+        let read: Result<(), &str> = read_again(
+            || {
+                calls += 1;
+                Err("being written")
+            },
+            passing,
+        );
+        assert!(read.is_err());
+        assert_eq!(calls, 10);
+        let mut calls = 0;
+        let read: Result<(), &str> = read_again(
+            || {
+                calls += 1;
+                Err("permission denied")
+            },
+            passing,
+        );
+        assert_eq!(read, Err("permission denied"));
+        assert_eq!(calls, 1, "only a passing failure is read again");
+    }
 
     #[test]
     fn init_failures_in_runc_words() {
