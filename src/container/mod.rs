@@ -396,40 +396,27 @@ mod tests {
 
     #[test]
     fn a_state_read_that_fails_for_a_moment_is_read_again() {
-        let passing = |e: &&str| *e == "being written";
-        let mut calls = 0;
-        let read = read_again(
-            || {
-                calls += 1;
-                if calls < 3 {
-                    Err("being written")
-                } else {
-                    Ok(calls)
-                }
-            },
-            passing,
+        // What read_again returns, and how many reads it made, for reads
+        // whose n-th result `outcome(n)` gives.
+        let run = |outcome: &dyn Fn(u32) -> Result<u32, &'static str>| {
+            let mut calls = 0;
+            let read = read_again(
+                || {
+                    calls += 1;
+                    outcome(calls)
+                },
+                |e: &&str| *e == "being written",
+            );
+            (read, calls)
+        };
+        let ready_third = |n| if n < 3 { Err("being written") } else { Ok(n) };
+        assert_eq!(run(&ready_third), (Ok(3), 3));
+        assert_eq!(run(&|_| Err("being written")), (Err("being written"), 10));
+        assert_eq!(
+            run(&|_| Err("permission denied")),
+            (Err("permission denied"), 1),
+            "only a passing failure is read again"
         );
-        assert_eq!(read, Ok(3));
-        let mut calls = 0;
-        let read: Result<(), &str> = read_again(
-            || {
-                calls += 1;
-                Err("being written")
-            },
-            passing,
-        );
-        assert!(read.is_err());
-        assert_eq!(calls, 10);
-        let mut calls = 0;
-        let read: Result<(), &str> = read_again(
-            || {
-                calls += 1;
-                Err("permission denied")
-            },
-            passing,
-        );
-        assert_eq!(read, Err("permission denied"));
-        assert_eq!(calls, 1, "only a passing failure is read again");
     }
 
     #[test]
