@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::Spec;
+use oci_spec::runtime::{Capability, Spec};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
@@ -67,6 +67,58 @@ pub struct Bundle {
     pub path: PathBuf,
     pub spec: Spec,
     pub rootfs: PathBuf,
+    /// `spec` is not what config.json says (capability names runc does
+    /// not know were dropped from it): whoever reads the file again must
+    /// be handed `spec` instead.
+    pub edited: bool,
+}
+
+/// The capability a name in `process.capabilities` (or `exec --cap`)
+/// stands for, spelled as runc spells it: `CAP_` and upper case. runc
+/// ignores any other name, and so do we (oci-spec alone would also take
+/// `SYS_ADMIN`, and refuse the whole config for one name it does not know).
+pub fn known_capability(name: &str) -> Option<Capability> {
+    let spelled = name.starts_with("CAP_") && name == name.to_ascii_uppercase();
+    if !spelled {
+        return None;
+    }
+    serde_json::from_value(serde_json::Value::String(name.to_string())).ok()
+}
+
+/// Removes from each capability set of `process` (a process's JSON) the
+/// names [`known_capability`] does not know, as runc leaves them out;
+/// returns them.
+pub fn drop_unknown_capabilities(process: &mut serde_json::Value) -> Vec<String> {
+    let mut dropped = Vec::new();
+    let Some(sets) = process
+        .get_mut("capabilities")
+        .and_then(|c| c.as_object_mut())
+    else {
+        return dropped;
+    };
+    for names in sets.values_mut().filter_map(|v| v.as_array_mut()) {
+        names.retain(|n| match n.as_str() {
+            Some(name) if known_capability(name).is_none() => {
+                dropped.push(name.to_string());
+                false
+            }
+            // A name that is not a string is left for the parser to refuse.
+            _ => true,
+        });
+    }
+    dropped
+}
+
+/// Logs runc's warning for capability names it ignores: each once, sorted.
+pub fn warn_unknown_capabilities(mut names: Vec<String>) {
+    names.sort_unstable();
+    names.dedup();
+    if !names.is_empty() {
+        tracing::warn!(
+            "ignoring unknown or unavailable capabilities: [{}]",
+            names.join(" ")
+        );
+    }
 }
 
 impl Bundle {
@@ -81,8 +133,12 @@ impl Bundle {
             path: config.clone(),
             source,
         })?;
-        let spec = Self::parse_spec(&config, &text)?;
-        Self::with_spec(path, spec)
+        let (spec, dropped) = Self::parse(&config, &text)?;
+        let edited = !dropped.is_empty();
+        warn_unknown_capabilities(dropped);
+        let mut bundle = Self::with_spec(path, spec)?;
+        bundle.edited = edited;
+        Ok(bundle)
     }
 
     /// The bundle at `path` whose config is `spec`, already read and
@@ -108,6 +164,7 @@ impl Bundle {
             path: path.to_path_buf(),
             spec,
             rootfs,
+            edited: false,
         })
     }
 
@@ -121,11 +178,32 @@ impl Bundle {
     }
 
     /// Parses the text of `config` (a bundle's config.json) into a spec,
-    /// with the checks `load` makes before it looks at the filesystem.
+    /// with the checks `load` makes before it looks at the filesystem;
+    /// capability names runc does not know are left out with runc's
+    /// warning.
     pub fn parse_spec(config: &Path, text: &[u8]) -> Result<Spec, BundleError> {
+        let (spec, dropped) = Self::parse(config, text)?;
+        warn_unknown_capabilities(dropped);
+        Ok(spec)
+    }
+
+    /// Reads the spec of a bundle's `config` as [`Bundle::parse_spec`]
+    /// does (for a container made from it), returning the capability names
+    /// it left out instead of warning about them again.
+    pub fn read_spec(config: &Path) -> Result<(Spec, Vec<String>), BundleError> {
+        let text = std::fs::read(config).map_err(|source| BundleError::ReadConfig {
+            path: config.to_path_buf(),
+            source,
+        })?;
+        Self::parse(config, &text)
+    }
+
+    /// As [`Bundle::parse_spec`], returning the capability names it left
+    /// out instead of warning about them.
+    fn parse(config: &Path, text: &[u8]) -> Result<(Spec, Vec<String>), BundleError> {
         // Two passes: first "is it JSON at all", then "is it a runtime
         // config", so the message says which of the two went wrong.
-        let value: serde_json::Value =
+        let mut value: serde_json::Value =
             serde_json::from_slice(text).map_err(|source| BundleError::NotJson {
                 path: config.to_path_buf(),
                 source,
@@ -143,6 +221,10 @@ impl Bundle {
         {
             return Err(BundleError::EmptyArgs(config.to_path_buf()));
         }
+        let dropped = value
+            .get_mut("process")
+            .map(drop_unknown_capabilities)
+            .unwrap_or_default();
         let spec: Spec =
             serde_json::from_value(value).map_err(|source| BundleError::InvalidSpec {
                 path: config.to_path_buf(),
@@ -154,7 +236,7 @@ impl Bundle {
                 spec.version().clone(),
             ));
         }
-        Ok(spec)
+        Ok((spec, dropped))
     }
 }
 
@@ -235,5 +317,40 @@ mod tests {
             Bundle::load(&d.path().join("nope")),
             Err(BundleError::BundleMissing(_))
         ));
+    }
+
+    #[test]
+    fn capability_names_runc_does_not_know_are_left_out() {
+        let caps = r#""capabilities":{"bounding":["CAP_KILL","CAP_BOGUS","SYS_ADMIN"],"effective":["cap_kill","CAP_KILL"],"ambient":[]}"#;
+        let config = GOOD.replace(r#""args":["true"]"#, &format!(r#""args":["true"],{caps}"#));
+        let d = bundle_with(&config, true);
+        let b = Bundle::load(d.path()).expect("a config with unknown names loads");
+        assert!(b.edited, "the spec differs from the file");
+        let c = b
+            .spec
+            .process()
+            .as_ref()
+            .and_then(|p| p.capabilities().clone())
+            .expect("capabilities");
+        let kill = || Some([Capability::Kill].into_iter().collect());
+        assert_eq!(c.bounding(), &kill());
+        assert_eq!(c.effective(), &kill());
+        assert_eq!(c.ambient(), &Some(Default::default()));
+        let (_, dropped) = Bundle::read_spec(&d.path().join("config.json")).expect("read");
+        assert_eq!(dropped, ["CAP_BOGUS", "SYS_ADMIN", "cap_kill"]);
+        // A config without such names is handed on as it is.
+        let d = bundle_with(GOOD, true);
+        assert!(!Bundle::load(d.path()).expect("loads").edited);
+        // A name that is not a string is still refused.
+        let config = GOOD.replace(
+            r#""args":["true"]"#,
+            r#""args":["true"],"capabilities":{"bounding":[7]}"#,
+        );
+        let d = bundle_with(&config, true);
+        let err = Bundle::load(d.path()).err().expect("accepted");
+        assert!(
+            err.to_string().contains("not a valid OCI runtime config"),
+            "{err}"
+        );
     }
 }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use clap::Args;
-use oci_spec::runtime::{Process, Spec};
+use oci_spec::runtime::Process;
 
 use crate::context::{absolute, Context};
 use crate::tier::ExecRequest;
@@ -67,7 +67,9 @@ fn process_from_flags(config: &Path, args: &ExecArgs) -> anyhow::Result<Process>
     if args.command.is_empty() {
         anyhow::bail!("exec needs a command to run, or --process");
     }
-    let spec = Spec::load(config).with_context(|| format!("cannot read {}", config.display()))?;
+    // runc warns once about the names it ignores, the config's and the
+    // flags' together.
+    let (spec, mut unknown_caps) = crate::bundle::Bundle::read_spec(config)?;
     let mut p = spec.process().clone().unwrap_or_default();
     p.set_args(Some(args.command.clone()));
     p.set_terminal(Some(args.tty));
@@ -118,7 +120,7 @@ fn process_from_flags(config: &Path, args: &ExecArgs) -> anyhow::Result<Process>
         // does not add, so it adds to the ambient set only when the
         // process already has an inheritable set.
         let ambient = caps.inheritable().is_some();
-        for cap in known_caps(&args.cap) {
+        for cap in known_caps(&args.cap, &mut unknown_caps) {
             let add = |s: Option<oci_spec::runtime::Capabilities>| {
                 let mut s = s.unwrap_or_default();
                 s.insert(cap);
@@ -133,30 +135,20 @@ fn process_from_flags(config: &Path, args: &ExecArgs) -> anyhow::Result<Process>
         }
         p.set_capabilities(Some(caps));
     }
+    crate::bundle::warn_unknown_capabilities(unknown_caps);
     Ok(p)
 }
 
 /// The capabilities `--cap` names, spelled as runc spells them
-/// (`CAP_SYS_ADMIN`); a name that is not one is ignored with runc's
-/// warning, as runc ignores it.
-fn known_caps(names: &[String]) -> Vec<oci_spec::runtime::Capability> {
+/// (`CAP_SYS_ADMIN`); a name that is not one goes into `unknown`, for
+/// runc's warning (runc ignores it).
+fn known_caps(names: &[String], unknown: &mut Vec<String>) -> Vec<oci_spec::runtime::Capability> {
     let mut known = Vec::new();
-    let mut unknown = Vec::new();
     for name in names {
-        let spelled = name.starts_with("CAP_") && *name == name.to_ascii_uppercase();
-        match serde_json::from_value(serde_json::Value::String(name.clone())) {
-            Ok(cap) if spelled => known.push(cap),
-            _ => unknown.push(name.as_str()),
+        match crate::bundle::known_capability(name) {
+            Some(cap) => known.push(cap),
+            None => unknown.push(name.clone()),
         }
-    }
-    // runc names each once, sorted.
-    unknown.sort_unstable();
-    unknown.dedup();
-    if !unknown.is_empty() {
-        tracing::warn!(
-            "ignoring unknown or unavailable capabilities: [{}]",
-            unknown.join(" ")
-        );
     }
     known
 }
@@ -230,6 +222,7 @@ fn process_from_file(p: &Path) -> anyhow::Result<Process> {
     {
         anyhow::bail!("process file {}: cwd must not be empty", path.display());
     }
+    crate::bundle::warn_unknown_capabilities(crate::bundle::drop_unknown_capabilities(&mut value));
     let process: Process = serde_json::from_value(value).with_context(invalid)?;
     if process.args().as_ref().is_none_or(|a| a.is_empty()) {
         anyhow::bail!("process file {}: args must not be empty", path.display());
@@ -278,9 +271,11 @@ mod tests {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        let mut unknown = Vec::new();
         assert_eq!(
-            known_caps(&names),
+            known_caps(&names, &mut unknown),
             vec![Capability::SysAdmin, Capability::Kill]
         );
+        assert_eq!(unknown, ["SYS_ADMIN", "cap_net_raw", "CAP_BOGUS"]);
     }
 }

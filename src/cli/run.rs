@@ -24,9 +24,9 @@ pub struct RunArgs {
 }
 
 fn wants_terminal(bundle: &std::path::Path) -> bool {
-    oci_spec::runtime::Spec::load(bundle.join("config.json"))
+    crate::bundle::Bundle::read_spec(&bundle.join("config.json"))
         .ok()
-        .and_then(|s| s.process().as_ref()?.terminal())
+        .and_then(|(s, _)| s.process().as_ref()?.terminal())
         .unwrap_or(false)
 }
 

@@ -99,7 +99,8 @@ pub fn create(
     step("checks done");
     let result = {
         let _helpers = MapHelpers::install(&bundle.spec, &ctx.root)?;
-        let overlay = if spec == bundle.spec {
+        // libcontainer reads config.json: it gets ours when it differs.
+        let overlay = if spec == bundle.spec && !bundle.edited {
             None
         } else {
             let json = serde_json::to_vec(&spec).map_err(|e| {

@@ -63,7 +63,10 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
     if let Some(path) = &opts.process {
         lsm::check_process(&read_process(path)?, lsm::selinux_enabled())?;
     }
-    let seccomp = container_seccomp(&container.bundle().join("config.json"))?;
+    let config = container.bundle().join("config.json");
+    let (spec, dropped_caps) = crate::bundle::Bundle::read_spec(&config)
+        .map_err(|e| ContainerError::Libcontainer(e.to_string()))?;
+    let seccomp = container_seccomp(&spec);
     let (notify, forward) = notify::prepare(seccomp.as_ref())?;
     let join_cgroups = if opts.sub_cgroup.is_empty() {
         JoinCgroups::default()
@@ -74,11 +77,7 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
         })?;
         cgroups::open_sub_cgroups(init.as_raw(), &super::cgroup_path(&container)?, &paths)?
     };
-    // libcontainer's tenant builder takes the cgroup from the bundle's
-    // config, where a missing cgroupsPath means its own `:youki:ID`, not
-    // the cgroup `create` recorded (runc's, see `cgroups::default_path`):
-    // it then reads a config that names the recorded one (see `overlay`).
-    let overlay = recorded_cgroup_overlay(ctx, id, &container)?;
+    let overlay = config_overlay(ctx, id, &container, spec, !dropped_caps.is_empty())?;
     let through = overlay.as_ref().map(|o| o.bundle());
     let shadow = match (container.status(), through) {
         (ContainerStatus::Created, _) => Some(Shadow::new(ctx, id, true, through)?),
@@ -183,28 +182,34 @@ impl Drop for Shadow {
     }
 }
 
-/// An overlay of the bundle's config naming the cgroup `create` recorded,
-/// when the config names none and the recorded one is not libcontainer's
-/// default (the tenant builder would put the process there).
-fn recorded_cgroup_overlay(
+/// The config libcontainer's tenant builder reads instead of the
+/// bundle's (see `overlay`), when that one would mislead it: it takes the
+/// cgroup from the bundle's config, where a missing cgroupsPath means its
+/// own `:youki:ID`, not the cgroup `create` recorded (runc's, see
+/// `cgroups::default_path`); and it refuses a config with a capability
+/// name runc ignores (`edited`: `spec` has them left out).
+fn config_overlay(
     ctx: &Context,
     id: &str,
     container: &libcontainer::container::Container,
+    mut spec: Spec,
+    edited: bool,
 ) -> Result<Option<Overlay>, ContainerError> {
-    if container.systemd() {
+    let mut changed = edited;
+    if !container.systemd() {
+        let recorded = super::cgroup_path(container)?;
+        if let Some(linux) = spec.linux_mut() {
+            if linux.cgroups_path().is_none()
+                && recorded != libcontainer::utils::get_cgroup_path(&None, id)
+            {
+                linux.set_cgroups_path(Some(recorded));
+                changed = true;
+            }
+        }
+    }
+    if !changed {
         return Ok(None);
     }
-    let recorded = super::cgroup_path(container)?;
-    let config = container.bundle().join("config.json");
-    let mut spec = Spec::load(&config).map_err(lc_error)?;
-    let Some(linux) = spec.linux_mut() else {
-        return Ok(None);
-    };
-    if linux.cgroups_path().is_some() || recorded == libcontainer::utils::get_cgroup_path(&None, id)
-    {
-        return Ok(None);
-    }
-    linux.set_cgroups_path(Some(recorded));
     let json = serde_json::to_vec(&spec)
         .map_err(|e| ContainerError::Libcontainer(format!("cannot encode the config: {e}")))?;
     let scratch = ctx
@@ -213,7 +218,7 @@ fn recorded_cgroup_overlay(
     match Overlay::install(container.bundle(), &json, &scratch) {
         Ok(o) => Ok(Some(o)),
         Err(e) => {
-            tracing::warn!("container {id}: {e}; the process goes into libcontainer's cgroup");
+            tracing::warn!("container {id}: {e}; libcontainer reads the bundle's config");
             Ok(None)
         }
     }
@@ -233,11 +238,10 @@ fn read_process(path: &std::path::Path) -> Result<Process, ContainerError> {
 
 /// The seccomp profile the container was created with, with runc's ENOSYS
 /// rule ([`super::enosys`]).
-fn container_seccomp(config: &std::path::Path) -> Result<Option<LinuxSeccomp>, ContainerError> {
-    let spec = Spec::load(config).map_err(lc_error)?;
+fn container_seccomp(spec: &Spec) -> Option<LinuxSeccomp> {
     let mut seccomp = spec.linux().as_ref().and_then(|l| l.seccomp().clone());
     if let Some(s) = seccomp.as_mut() {
         super::enosys::add_rule(s);
     }
-    Ok(seccomp)
+    seccomp
 }

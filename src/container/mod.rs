@@ -380,9 +380,9 @@ pub fn runc_state(container: &Container) -> RuncState {
 
 /// The rootfs a bundle's config.json names, resolved against the bundle.
 fn rootfs_of(bundle: &Path) -> PathBuf {
-    let root = oci_spec::runtime::Spec::load(bundle.join("config.json"))
+    let root = crate::bundle::Bundle::read_spec(&bundle.join("config.json"))
         .ok()
-        .and_then(|s| s.root().as_ref().map(|r| r.path().clone()));
+        .and_then(|(s, _)| s.root().as_ref().map(|r| r.path().clone()));
     match root {
         Some(p) if p.is_absolute() => p,
         Some(p) => bundle.join(p),

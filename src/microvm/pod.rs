@@ -486,9 +486,7 @@ fn prepare(args: &Args, state: &mut VmState) -> Result<Prepared, PodError> {
         .clone()
         .ok_or_else(|| refused(format!("container {id} is not a pod member")))?;
     let sandbox = sandbox_state(&root, &id, &sandbox_id)?;
-    let spec = state
-        .spec()
-        .map_err(|e| refused(format!("config.json: {e}")))?;
+    let spec = state.spec().map_err(|e| refused(e.to_string()))?;
     let plan = plan(
         &spec,
         &state.bundle,

@@ -101,8 +101,8 @@ impl VmState {
     }
 
     /// The container's spec, from its bundle.
-    pub fn spec(&self) -> Result<oci_spec::runtime::Spec, oci_spec::OciSpecError> {
-        oci_spec::runtime::Spec::load(self.bundle.join("config.json"))
+    pub fn spec(&self) -> Result<oci_spec::runtime::Spec, crate::bundle::BundleError> {
+        crate::bundle::Bundle::read_spec(&self.bundle.join("config.json")).map(|(spec, _)| spec)
     }
 
     pub fn path(dir: &Path) -> PathBuf {

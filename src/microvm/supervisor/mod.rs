@@ -79,8 +79,8 @@ pub enum SupervisorError {
         detail: String,
         console: PathBuf,
     },
-    #[error("config.json: {0}")]
-    Spec(#[from] oci_spec::OciSpecError),
+    #[error(transparent)]
+    Spec(#[from] crate::bundle::BundleError),
     /// An OCI hook failed; the message names the hook.
     #[error("{0}")]
     Hook(String),

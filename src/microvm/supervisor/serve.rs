@@ -864,7 +864,7 @@ fn update(shared: &Shared, resources: &oci_spec::runtime::LinuxResources) -> Res
 /// `None` when the spec has none.
 fn start_container_hooks(dir: &std::path::Path) -> Result<Option<HostMessage>, String> {
     let state = VmState::load(dir).map_err(|e| e.to_string())?;
-    let spec = state.spec().map_err(|e| format!("config.json: {e}"))?;
+    let spec = state.spec().map_err(|e| e.to_string())?;
     let hooks = spec
         .hooks()
         .as_ref()

@@ -18,6 +18,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("caps-nonroot-ambient", nonroot_ambient),
     ("caps-root-inheritable", root_inheritable),
     ("caps-runc-spec-default", runc_spec_default),
+    ("caps-unknown-names", unknown_names),
 ];
 
 fn mask(names: &[&str]) -> Result<u64> {
@@ -206,5 +207,52 @@ fn runc_spec_default(ctx: &mut Ctx) -> Result<()> {
     let mut e = Expectations::default();
     sets(&mut e, &[], DEFAULT_CAPS, DEFAULT_CAPS, DEFAULT_CAPS, &[])?;
     ctx.run_checker(&b, &e)?;
+    Ok(())
+}
+
+/// runc leaves out the capability names it does not know (or spells
+/// otherwise: `SYS_ADMIN`, `cap_kill`) with one warning naming them, and
+/// runs the container with the rest; so does `exec`, for the config's and
+/// `--cap`'s names together.
+fn unknown_names(ctx: &mut Ctx) -> Result<()> {
+    let with = |extra: &'static str| {
+        let mut v: Vec<&str> = DEFAULT_CAPS.to_vec();
+        v.push(extra);
+        v
+    };
+    let mut b = ctx.bundle()?;
+    b.set(
+        "/process/capabilities",
+        json!({"bounding": with("CAP_BOGUS"), "effective": with("SYS_ADMIN"),
+               "permitted": with("cap_kill"), "inheritable": ["CAP_BOGUS"]}),
+    );
+    let mut e = Expectations::default();
+    sets(&mut e, &[], DEFAULT_CAPS, DEFAULT_CAPS, DEFAULT_CAPS, &[])?;
+    let out = ctx.run_checker(&b, &e)?;
+    let warning = "ignoring unknown or unavailable capabilities: [CAP_BOGUS SYS_ADMIN cap_kill]";
+    ctx.check(
+        "run warns once about the names it left out",
+        out.stderr.matches(warning).count() == 1,
+        || format!("want {warning:?} once on stderr, got {}", out.describe()),
+    );
+    let (id, _) = ctx.start_sleeper(&mut b)?;
+    let out = ctx.rt.run(&[
+        "exec",
+        "--cap",
+        "CAP_NOPE",
+        "--cap",
+        "CAP_KILL",
+        &id,
+        "/bin/true",
+    ])?;
+    ctx.check_ok("exec with an unknown --cap runs", &out);
+    let warning =
+        "ignoring unknown or unavailable capabilities: [CAP_BOGUS CAP_NOPE SYS_ADMIN cap_kill]";
+    ctx.check(
+        "exec warns once about the config's and the flags' names",
+        out.stderr.matches(warning).count() == 1,
+        || format!("want {warning:?} once on stderr, got {}", out.describe()),
+    );
+    ctx.rt.quiet(&["delete", "--force", &id]);
     Ok(())
 }
