@@ -313,7 +313,7 @@ fn update_changes_the_guest_s_cgroup_field_by_field() {
 }
 
 #[test]
-fn pause_and_unpause_freeze_the_vm() {
+fn pause_and_unpause_freeze_the_workload() {
     let d = require!(microvm_docker());
     let c = d.start(
         "mv-pause",

@@ -456,10 +456,11 @@ fn exec_cgroup_joins_a_sub_cgroup_in_the_guest() {
     kill_and_delete(&f, id);
 }
 
-/// `pause` stops the guest (a loop in it counts no further) and `resume`
-/// lets it go on; the state says so in between, as runc's does.
+/// `pause` freezes the workload (a loop in it counts no further) and
+/// `resume` lets it go on; the state says so in between, and `ps` and
+/// `update` answer meanwhile, as runc's do.
 #[test]
-fn pause_stops_the_guest_and_resume_lets_it_go_on() {
+fn pause_freezes_the_workload_and_resume_lets_it_go_on() {
     let f = require!(microvm());
     let id = "mv-pause";
     write_script(
@@ -485,10 +486,16 @@ fn pause_stops_the_guest_and_resume_lets_it_go_on() {
     std::thread::sleep(Duration::from_millis(500));
     let frozen = tick();
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(tick(), frozen, "the guest ran while paused");
+    assert_eq!(tick(), frozen, "the workload ran while paused");
     // A paused container cannot be paused again (runc's words), nor
     // deleted.
     assert_one_clear_error(&f, &f.agentvm(&["pause", id]), "container not running");
+    // Its processes are listed, and its limits change, frozen.
+    let table = f.agentvm(&["ps", id]).ok();
+    assert!(table.stdout.contains("sh -c"), "{table}");
+    f.agentvm(&["update", "--pids-limit", "77", id]).ok();
+    let out = f.agentvm(&["exec", id, "cat", "/sys/fs/cgroup/pids.max"]);
+    assert_one_clear_error(&f, &out, "cannot exec in a paused container");
     // A signal to a paused container is taken, and stays pending until
     // resume, as for a frozen process under runc.
     f.agentvm(&["kill", id, "TERM"]).ok();
@@ -504,6 +511,10 @@ fn pause_stops_the_guest_and_resume_lets_it_go_on() {
         wait_for(30, || out_dir(&f).join("term").exists().then_some(())).is_some(),
         "the TERM sent while paused never arrived"
     );
+    let out = f
+        .agentvm(&["exec", id, "cat", "/sys/fs/cgroup/pids.max"])
+        .ok();
+    assert_eq!(out.stdout.trim(), "77", "the update made while paused");
     kill_and_delete(&f, id);
 }
 
@@ -1116,12 +1127,28 @@ fn a_pod_member_runs_in_its_sandbox_s_vm() {
     let table = f.agentvm(&["ps", "app"]).ok();
     assert!(table.stdout.contains("sleep 1000"), "{table}");
     assert!(!table.stdout.contains("httpd"), "the sandbox's: {table}");
-    let out = f.agentvm(&["pause", "app"]);
-    assert_one_clear_error(
-        &f,
-        &out,
-        "pausing one container of a pod is not implemented",
+    // One container of the pod pauses alone: its cgroup in the guest is
+    // frozen, the sandbox's server goes on answering.
+    f.agentvm(&["pause", "app"]).ok();
+    assert_eq!(f.state("app")["status"], "paused");
+    let table = f.agentvm(&["ps", "app"]).ok();
+    assert!(
+        table.stdout.contains("sleep 1000"),
+        "frozen, listed: {table}"
     );
+    let out = f
+        .agentvm(&[
+            "exec",
+            "pod-sb",
+            "wget",
+            "-q",
+            "-O-",
+            "http://127.0.0.1:8080/",
+        ])
+        .ok();
+    assert_eq!(out.stdout, "hello-pod\n", "the sandbox runs on");
+    f.agentvm(&["resume", "app"]).ok();
+    assert_eq!(f.state("app")["status"], "running");
     assert_eq!(
         pod_mounts(pause).len(),
         2,

@@ -76,6 +76,8 @@ impl Agent {
             HostMessage::Ps => self.ps(CONTAINER_ID),
             HostMessage::Stats => self.stats(CONTAINER_ID),
             HostMessage::Update { resources } => self.update(CONTAINER_ID, *resources),
+            HostMessage::Pause => self.set_paused(CONTAINER_ID, true),
+            HostMessage::Resume => self.set_paused(CONTAINER_ID, false),
             HostMessage::Shutdown => Ok(Reply::Ok),
             HostMessage::CreateMember { id, spec, join } => self.create_member(id, *spec, &join),
             HostMessage::Member { id, request } => self.member(id, request),
@@ -177,6 +179,8 @@ impl Agent {
             MemberRequest::Ps => self.ps(&guest_id),
             MemberRequest::Stats => self.stats(&guest_id),
             MemberRequest::Update { resources } => self.update(&guest_id, *resources),
+            MemberRequest::Pause => self.set_paused(&guest_id, true),
+            MemberRequest::Resume => self.set_paused(&guest_id, false),
             MemberRequest::Delete => self.delete_member(id, &guest_id),
         }
     }
@@ -400,6 +404,20 @@ impl Agent {
     fn update(&mut self, guest_id: &str, resources: LinuxResources) -> Result<Reply, RequestError> {
         let container = crate::container::load(&self.ctx, guest_id)?;
         crate::container::update(&container, &resources)?;
+        Ok(Reply::Ok)
+    }
+
+    /// Freezes or thaws the container's cgroup (libcontainer's pause, as
+    /// the container tier's), with runc's words for a container that is
+    /// not running, or not paused.
+    fn set_paused(&mut self, guest_id: &str, paused: bool) -> Result<Reply, RequestError> {
+        let mut container = crate::container::load(&self.ctx, guest_id)?;
+        match (paused, container.status()) {
+            (true, ContainerStatus::Running) => container.pause().map_err(lc_error)?,
+            (false, ContainerStatus::Paused) => container.resume().map_err(lc_error)?,
+            (true, _) => return Err(RequestError::Refused(crate::tier::NOT_RUNNING.into())),
+            (false, _) => return Err(RequestError::Refused(crate::tier::NOT_PAUSED.into())),
+        }
         Ok(Reply::Ok)
     }
 

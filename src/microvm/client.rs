@@ -52,8 +52,8 @@ pub enum SupervisorRequest {
     DeleteMember {
         id: String,
     },
-    /// Stop the guest's vCPUs (a VMM that pauses by itself: the builtin
-    /// VMM parks them); `Resume` lets them go on.
+    /// Freeze the container (or, inside `Member`, a pod member) in the
+    /// guest, as runc's pause freezes its cgroup; `Resume` thaws it.
     Pause,
     Resume,
 }

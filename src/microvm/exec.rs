@@ -63,11 +63,11 @@ pub fn exec(ctx: &Context, id: &str, req: ExecRequest) -> Result<u8> {
         return Err(refused(STOPPED.to_string()));
     }
     if state.paused {
-        // A frozen VM cannot start anything; runc's --ignore-paused would
-        // leave the process waiting for a resume, which this tier cannot.
+        // runc's --ignore-paused starts the process in the frozen cgroup,
+        // where it waits for resume; the guest's exec is not told to.
         return Err(refused(if req.ignore_paused {
             "cannot exec in a paused container: --ignore-paused is not supported by the \
-             microvm tier (a frozen VM cannot start the process)"
+             microvm tier yet"
                 .to_string()
         } else {
             PAUSED.to_string()

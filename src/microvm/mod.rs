@@ -460,13 +460,10 @@ pub fn kill(ctx: &Context, id: &str, signal: i32, all: bool) -> Result<()> {
     if s.pod_sandbox.is_some() && signal != 0 {
         return kill_member(ctx, &s, pid, signal, all);
     }
-    if signal == libc::SIGKILL || signal == 0 || s.paused {
-        // SIGKILL ends the supervisor, and with it the VM, at once; a
-        // paused VM cannot take a request, so signals go to the pid; 0
-        // asks whether the supervisor (the container's pid) is there.
-        if s.paused && signal == libc::SIGKILL {
-            let _ = freeze(&s, FreezerState::Thawed);
-        }
+    if signal == libc::SIGKILL || signal == 0 {
+        // SIGKILL ends the supervisor, and with it the VM, at once (a
+        // paused container too, as SIGKILL ends a frozen process); 0 asks
+        // whether the supervisor (the container's pid) is there.
         // SAFETY: kill(2) with a pid we recorded and verified alive.
         let rc = unsafe { libc::kill(pid, signal) };
         if rc != 0 {
@@ -539,7 +536,9 @@ pub fn update(
 ) -> Result<()> {
     let s = load(ctx, id)?;
     let status = s.effective_status();
-    if status != Status::Running || s.paused {
+    // As runc: a paused container's limits change too (its frozen cgroup
+    // is the guest's).
+    if status != Status::Running {
         return Err(refused(format!(
             "cannot update container {id}: it is {}, not running",
             status_name(status, s.paused)
@@ -597,24 +596,11 @@ pub fn stats(
     }
 }
 
-fn freeze(s: &VmState, state: FreezerState) -> Result<()> {
-    let cm = s
-        .cgroup_manager()
-        .map_err(|e| cgroup_error(&s.id, "open")(e.to_string()))?;
-    cm.freeze(state)
-        .map_err(|e| cgroup_error(&s.id, "freeze or thaw")(e.to_string()))
-}
-
-/// Pause/resume freeze the whole VM (supervisor, VMM, file server).
+/// `pause` and `resume`: the guest freezes and thaws the container's
+/// cgroup there.
 pub fn set_paused(ctx: &Context, id: &str, paused: bool) -> Result<()> {
     let dir = ctx.container_dir(id);
     let mut s = load(ctx, id)?;
-    if let Some(sandbox) = &s.pod_sandbox {
-        return Err(refused(format!(
-            "cannot {} container {id}: pausing one container of a pod is not implemented in the microvm tier (pause freezes the pod's whole VM: pause its sandbox {sandbox})",
-            if paused { "pause" } else { "resume" }
-        )));
-    }
     let status = s.effective_status();
     let running = status == Status::Running;
     if paused && (!running || s.paused) {
@@ -623,23 +609,14 @@ pub fn set_paused(ctx: &Context, id: &str, paused: bool) -> Result<()> {
     if !paused && (!running || !s.paused) {
         return Err(refused(crate::tier::NOT_PAUSED));
     }
-    if s.vmm == vmm::choice::BackendKind::Builtin.as_str() {
-        // The builtin VMM parks its vCPUs; its supervisor goes on.
-        let request = match paused {
-            true => SupervisorRequest::Pause,
-            false => SupervisorRequest::Resume,
-        };
-        ask(ctx, id, request)?;
-    } else {
-        freeze(
-            &s,
-            if paused {
-                FreezerState::Frozen
-            } else {
-                FreezerState::Thawed
-            },
-        )?;
-    }
+    // As runc freezes the container's cgroup, the guest freezes the
+    // container's (a pod member's alone): the VM runs on and answers ps,
+    // stats and update while the workload is frozen.
+    let request = match paused {
+        true => SupervisorRequest::Pause,
+        false => SupervisorRequest::Resume,
+    };
+    ask(ctx, id, request)?;
     s.paused = paused;
     s.save(&dir)?;
     Ok(())
@@ -666,9 +643,6 @@ fn destroy(ctx: &Context, id: &str) -> Result<()> {
         destroy_member(ctx, s);
     } else if let Some(s) = &state {
         if s.supervisor_alive() {
-            if s.paused {
-                let _ = freeze(s, FreezerState::Thawed);
-            }
             if let Some(pid) = s.supervisor_pid {
                 // SAFETY: kill(2) on the verified supervisor pid.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -742,18 +716,16 @@ fn destroy_member(ctx: &Context, s: &VmState) {
         .and_then(|sb| VmState::load(&ctx.container_dir(sb)).ok())
         .filter(|sb| sb.supervisor_alive());
     if let Some(sb) = &sandbox {
-        if !sb.paused {
-            let asked = client::request(
-                &ctx.container_dir(&sb.id),
-                &sb.id,
-                &SupervisorRequest::DeleteMember { id: id.clone() },
-                Duration::from_secs(30),
-            );
-            match asked {
-                Ok((_, Reply::Ok)) => {}
-                Ok((_, other)) => tracing::debug!("container {id}: delete in the guest: {other:?}"),
-                Err(e) => tracing::debug!("container {id}: delete in the guest: {e}"),
-            }
+        let asked = client::request(
+            &ctx.container_dir(&sb.id),
+            &sb.id,
+            &SupervisorRequest::DeleteMember { id: id.clone() },
+            Duration::from_secs(30),
+        );
+        match asked {
+            Ok((_, Reply::Ok)) => {}
+            Ok((_, other)) => tracing::debug!("container {id}: delete in the guest: {other:?}"),
+            Err(e) => tracing::debug!("container {id}: delete in the guest: {e}"),
         }
     }
     if let Some(relay) = s.supervisor_pid.filter(|_| s.supervisor_alive()) {

@@ -273,6 +273,12 @@ pub enum HostMessage {
     Stats,
     /// Change the container's cgroup limits in the guest. Reply: `Ok`.
     Update { resources: Box<LinuxResources> },
+    /// Freeze the container's cgroup in the guest, as runc's `pause`
+    /// freezes it on a host: its processes stop (a signal stays pending,
+    /// SIGKILL still kills), the agent goes on answering. Reply: `Ok`.
+    Pause,
+    /// Thaw what `Pause` froze. Reply: `Ok`.
+    Resume,
     /// Kill everything, sync and power off. Reply: `Ok`, then the VM ends.
     Shutdown,
     /// Create a further container of the pod, whose init is stream `id`
@@ -329,6 +335,10 @@ pub enum MemberRequest {
     Stats,
     /// New cgroup limits for it. Reply: `Ok`.
     Update { resources: Box<LinuxResources> },
+    /// Freeze it, as [`HostMessage::Pause`]. Reply: `Ok`.
+    Pause,
+    /// Thaw it, as [`HostMessage::Resume`]. Reply: `Ok`.
+    Resume,
     /// Kill whatever of it still runs and remove it from the guest; its
     /// init's exit is reported (if it had not been) before the reply.
     /// Reply: `Ok`.

@@ -151,9 +151,6 @@ struct Shared {
     /// The pod's further containers in this VM: host id → the stream of
     /// their init in the guest.
     members: Mutex<std::collections::HashMap<String, u32>>,
-    /// The VMM's own pause (the builtin VMM's parked vCPUs); `None` where
-    /// pause freezes the host cgroup, this supervisor with it.
-    pauser: Option<Arc<dyn crate::microvm::vmm::Pauser>>,
     /// The VMM's own counters, where it keeps them, and the guest's names
     /// of its NICs in order.
     counters: Option<Arc<dyn crate::microvm::vmm::Counters>>,
@@ -220,11 +217,6 @@ impl Shared {
     }
 
     fn request(&self, msg: &HostMessage) -> Result<Reply, String> {
-        // A parked guest answers nothing: waiting would time out and take
-        // the guest for lost.
-        if self.pauser.as_ref().is_some_and(|p| p.paused()) {
-            return Err("the container is paused (resume it first)".into());
-        }
         let _one = self
             .request_lock
             .lock()
@@ -299,7 +291,6 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         answering: Default::default(),
         guest_ram: Mutex::new(guest_ram),
         members: Default::default(),
-        pauser: vm.pauser(),
         counters: vm.counters(),
         nic_names,
     });
@@ -404,16 +395,10 @@ fn wait_for_end(
 }
 
 /// A signal the supervisor received goes to the container's init in the
-/// guest, as runc's init would have received it. While the VMM has the
-/// guest paused the signal waits, as a signal to a frozen process stays
-/// pending, and is delivered once the guest runs again (`kill -9` never
-/// waits: it ends the supervisor itself).
+/// guest, as runc's init would have received it (to a paused container's
+/// frozen init it stays pending until resume, as under runc; `kill -9`
+/// ends the supervisor itself).
 fn forward_signal(shared: &Shared, sig: i32) {
-    if let Some(p) = &shared.pauser {
-        while p.paused() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
     let msg = HostMessage::Signal {
         id: INIT_STREAM,
         signal: sig,
@@ -650,34 +635,15 @@ fn answer(shared: &Shared, req: &SupervisorRequest) -> Result<Reply, String> {
             }
             r
         }
-        SupervisorRequest::Signal { signal, all } => {
-            // SIGKILL reaches a paused container, as it reaches a frozen
-            // cgroup: the vCPUs run again for the guest to deliver it.
-            if *signal == libc::SIGKILL {
-                if let Some(p) = shared.pauser.as_ref().filter(|p| p.paused()) {
-                    p.resume();
-                    if let Ok(mut s) = VmState::load(&shared.dir) {
-                        s.paused = false;
-                        let _ = s.save(&shared.dir);
-                    }
-                }
-            }
-            shared.request(&HostMessage::Signal {
-                id: INIT_STREAM,
-                signal: *signal,
-                all: *all,
-            })
-        }
-        SupervisorRequest::Pause | SupervisorRequest::Resume => {
-            let Some(p) = &shared.pauser else {
-                return Err("this VMM is paused through its cgroup, not its supervisor".into());
-            };
-            match req {
-                SupervisorRequest::Pause => p.pause()?,
-                _ => p.resume(),
-            }
-            Ok(Reply::Ok)
-        }
+        SupervisorRequest::Signal { signal, all } => shared.request(&HostMessage::Signal {
+            id: INIT_STREAM,
+            signal: *signal,
+            all: *all,
+        }),
+        // The guest freezes the container's cgroup: the VM runs on, and
+        // answers ps, stats and update as runc answers for a paused one.
+        SupervisorRequest::Pause => shared.request(&HostMessage::Pause),
+        SupervisorRequest::Resume => shared.request(&HostMessage::Resume),
         SupervisorRequest::Ps => shared.request(&HostMessage::Ps),
         SupervisorRequest::Stats => match shared.request(&HostMessage::Stats)? {
             Reply::Stats { stats, .. } => Ok(Reply::Stats {
@@ -747,6 +713,8 @@ fn answer_member(
         SupervisorRequest::Update { resources } => shared.request(&member(MemberRequest::Update {
             resources: resources.clone(),
         })),
+        SupervisorRequest::Pause => shared.request(&member(MemberRequest::Pause)),
+        SupervisorRequest::Resume => shared.request(&member(MemberRequest::Resume)),
         other => Err(format!("not a request about a pod member: {other:?}")),
     }
 }
@@ -1032,14 +1000,6 @@ mod tests {
         counters: Option<Arc<dyn crate::microvm::vmm::Counters>>,
         nic_names: Vec<String>,
     ) -> Fixture {
-        fixture_full(counters, nic_names, None)
-    }
-
-    fn fixture_full(
-        counters: Option<Arc<dyn crate::microvm::vmm::Counters>>,
-        nic_names: Vec<String>,
-        pauser: Option<Arc<dyn crate::microvm::vmm::Pauser>>,
-    ) -> Fixture {
         let (host, guest) = UnixStream::pair().unwrap();
         let (tx, events) = mpsc::channel();
         let stdout = Sink::default();
@@ -1056,7 +1016,6 @@ mod tests {
             answering: Default::default(),
             guest_ram: Mutex::new(None),
             members: Default::default(),
-            pauser,
             counters,
             nic_names,
         });
@@ -1301,50 +1260,37 @@ mod tests {
         assert!(why.contains("never started"), "{why}");
     }
 
-    /// A VMM's pause, as a flag.
-    #[derive(Default)]
-    struct Flag(std::sync::atomic::AtomicBool);
-    impl crate::microvm::vmm::Pauser for Flag {
-        fn pause(&self) -> Result<(), String> {
-            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
-            Ok(())
-        }
-        fn resume(&self) {
-            self.0.store(false, std::sync::atomic::Ordering::SeqCst);
-        }
-        fn paused(&self) -> bool {
-            self.0.load(std::sync::atomic::Ordering::SeqCst)
-        }
-    }
-
-    /// A signal that reaches the supervisor while the VMM has the guest
-    /// paused is held, not dropped, and goes to the guest on resume.
+    /// pause and resume freeze and thaw the container in the guest: the
+    /// supervisor asks the agent, for the VM's own container and for a
+    /// member of its pod, and passes the agent's answer on.
     #[test]
-    fn a_signal_while_paused_is_delivered_on_resume() {
-        use crate::microvm::vmm::Pauser;
-        let flag = Arc::new(Flag::default());
-        flag.pause().unwrap();
-        let mut f = fixture_full(None, Vec::new(), Some(flag.clone()));
+    fn pause_and_resume_are_asked_of_the_guest() {
+        let mut f = fixture();
         let shared = f.shared.clone();
-        let sender = std::thread::spawn(move || forward_signal(&shared, libc::SIGTERM));
-        f.guest
-            .set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
-        let mut byte = [0u8; 1];
-        let early = std::io::Read::read(&mut f.guest, &mut byte);
-        assert!(early.is_err(), "a request reached the paused guest");
-        f.guest.set_read_timeout(None).unwrap();
-        flag.resume();
+        let asker = std::thread::spawn(move || answer(&shared, &SupervisorRequest::Pause));
+        assert_eq!(f.next_request(), HostMessage::Pause);
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        assert_eq!(asker.join().unwrap(), Ok(Reply::Ok));
+        let shared = f.shared.clone();
+        let asker = std::thread::spawn(move || answer(&shared, &SupervisorRequest::Resume));
+        assert_eq!(f.next_request(), HostMessage::Resume);
+        let refusal = Reply::Error {
+            message: crate::tier::NOT_PAUSED.into(),
+        };
+        f.send(&GuestMessage::Reply(refusal.clone()));
+        assert_eq!(asker.join().unwrap(), Ok(refusal));
+        let shared = f.shared.clone();
+        let asker =
+            std::thread::spawn(move || answer_member(&shared, "app", 3, &SupervisorRequest::Pause));
         assert_eq!(
             f.next_request(),
-            HostMessage::Signal {
-                id: INIT_STREAM,
-                signal: libc::SIGTERM,
-                all: false
+            HostMessage::Member {
+                id: 3,
+                request: MemberRequest::Pause
             }
         );
         f.send(&GuestMessage::Reply(Reply::Ok));
-        sender.join().unwrap();
+        assert_eq!(asker.join().unwrap(), Ok(Reply::Ok));
     }
 
     /// A VMM that counts: one NIC, which the guest calls `net1`.

@@ -101,13 +101,14 @@ pub trait Vm: Send {
     /// The control of how much of its RAM the guest may use (a balloon
     /// holds the rest), handed out once; `None` where the VMM has none.
     fn take_guest_ram(&mut self) -> Option<Box<dyn GuestRam>>;
-    /// The VMM's own pause, where it has one (the builtin VMM parks its
-    /// vCPUs); `None`: pause freezes the VM's host cgroup.
     /// What the VMM counts for this VM, readable from any thread while
     /// it runs; `None` from a VMM that counts nothing of its own (QEMU).
     fn counters(&self) -> Option<std::sync::Arc<dyn Counters>> {
         None
     }
+    /// The VMM's own pause of the whole VM, where it has one (the builtin
+    /// VMM parks its vCPUs), the base of a VM snapshot; a container's
+    /// `pause` does not use it (the guest freezes the container's cgroup).
     fn pauser(&self) -> Option<std::sync::Arc<dyn Pauser>> {
         None
     }
