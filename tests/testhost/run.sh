@@ -70,7 +70,7 @@ readonly MICROVM_TESTS=(
     guest_cannot_reach_host_files_through_the_share
     a_pod_member_runs_in_its_sandbox_s_vm
     a_pod_member_with_a_terminal
-    pause_stops_the_guest_and_resume_lets_it_go_on
+    pause_freezes_the_workload_and_resume_lets_it_go_on
     the_builtin_vmm_s_threads_are_jailed
 )
 # The microvm tier's network tests (tests/sandbox_network.rs) that run
