@@ -109,7 +109,9 @@ impl Agent {
         if let Some(e) = &self.share_error {
             return Err(RequestError::Refused(e.clone()));
         }
-        let spec = guest_spec(spec, self.netns.as_deref());
+        let mut spec = guest_spec(spec, self.netns.as_deref());
+        super::net::apply_net_sysctls(&mut spec)
+            .map_err(|e| RequestError::Refused(e.to_string()))?;
         // guest_spec leaves an absolute cgroup path, which the container
         // tier takes as it is.
         let cgroup = spec
@@ -146,7 +148,9 @@ impl Agent {
         let sandbox_pid = sandbox.pid().ok_or_else(|| {
             RequestError::Refused("the pod's sandbox container has no process".into())
         })?;
-        let spec = member_spec(spec, join, sandbox_pid.as_raw(), self.netns.as_deref());
+        let mut spec = member_spec(spec, join, sandbox_pid.as_raw(), self.netns.as_deref());
+        super::net::apply_net_sysctls(&mut spec)
+            .map_err(|e| RequestError::Refused(e.to_string()))?;
         let guest_id = member_id(id);
         let bundle_dir = PathBuf::from(format!("{MEMBER_BUNDLES}/{guest_id}"));
         let reply = self.create_container(&guest_id, &bundle_dir, spec, id, false);
