@@ -128,12 +128,7 @@ impl Bundle {
             Ok(m) if !m.is_dir() => return Err(BundleError::BundleNotDir(path.to_path_buf())),
             Ok(_) => {}
         }
-        let config = path.join("config.json");
-        let text = std::fs::read(&config).map_err(|source| BundleError::ReadConfig {
-            path: config.clone(),
-            source,
-        })?;
-        let (spec, dropped) = Self::parse(&config, &text)?;
+        let (spec, dropped) = Self::read_spec(&path.join("config.json"))?;
         let edited = !dropped.is_empty();
         warn_unknown_capabilities(dropped);
         let mut bundle = Self::with_spec(path, spec)?;

@@ -84,32 +84,25 @@ pub fn configure(network: &Network) -> Result<PathBuf, NetError> {
     let macs = validate(network)?;
     let mut nl = Netlink::open()?;
     let links = nl.links()?;
-    // A pooled VM's NIC booted with a MAC of its own: it takes the
-    // container's, by which it is found below.
+    // `lo` is up since boot (`boot::setup`), in this same namespace.
     for (iface, mac) in network.interfaces.iter().zip(&macs) {
-        if let Some(boot) = iface.boot_mac.as_deref().and_then(netlink::parse_mac) {
-            let link = links
-                .iter()
-                .find(|l| l.mac.as_ref() == Some(&boot))
-                .ok_or_else(|| {
-                    NetError::Invalid(format!(
-                        "no NIC with MAC {} for {}",
-                        netlink::format_mac(&boot),
-                        iface.name
-                    ))
-                })?;
-            nl.set_link(link.index, None, Some(*mac), None, false)?;
-        }
-    }
-    let links = nl.links()?;
-    if let Some(lo) = links.iter().find(|l| l.loopback) {
-        nl.set_link(lo.index, None, None, None, true)?;
-    }
-    for (iface, mac) in network.interfaces.iter().zip(&macs) {
+        // A pooled VM's NIC booted with a MAC of its own and takes the
+        // container's.
+        let boot = iface.boot_mac.as_deref().and_then(netlink::parse_mac);
+        let find = boot.as_ref().unwrap_or(mac);
         let link = links
             .iter()
-            .find(|l| l.mac.as_ref() == Some(mac))
-            .ok_or_else(|| NetError::Invalid(format!("no NIC with MAC {}", iface.mac)))?;
+            .find(|l| l.mac.as_ref() == Some(find))
+            .ok_or_else(|| {
+                NetError::Invalid(format!(
+                    "no NIC with MAC {} for {}",
+                    netlink::format_mac(find),
+                    iface.name
+                ))
+            })?;
+        if boot.is_some() {
+            nl.set_link(link.index, None, Some(*mac), None, false)?;
+        }
         netlink::configure_interface(&mut nl, link, iface)?;
     }
     if let Some(dns) = &network.dns {
