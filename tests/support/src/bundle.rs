@@ -379,7 +379,20 @@ pub fn assert_one_clear_error(f: &Fixture, out: &Output, needle: &str) {
 pub fn assert_nothing_left(f: &Fixture, id: &str) {
     assert_eq!(f.leftovers(), Vec::<String>::new(), "state root not empty");
     assert_eq!(cgroups_named(id), Vec::<PathBuf>::new(), "cgroup left");
-    assert_eq!(processes_with(id), Vec::<String>::new(), "process left");
+    assert_eq!(processes_naming(id), Vec::<String>::new(), "process left");
+}
+
+/// Processes whose command line names container `id` as a whole word
+/// (`/root/pool-a/console.sock`, `supervise pool-a`), not as a prefix of
+/// another test's id (`pool-after`), as [`processes_with`] shows them.
+pub fn processes_naming(id: &str) -> Vec<String> {
+    processes_with(id)
+        .into_iter()
+        .filter(|p| {
+            let cmdline = p.split_once(": ").map_or(p.as_str(), |(_, c)| c);
+            names_container(cmdline, id)
+        })
+        .collect()
 }
 
 #[cfg(test)]
