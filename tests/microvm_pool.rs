@@ -410,6 +410,62 @@ fn a_pooled_vm_s_nic_becomes_the_container_s_network() {
     drain_and_check(&f, &["pool-net"]);
 }
 
+/// Docker's network hook fills the container's namespace after the pooled
+/// VM was taken (its tap waiting in the namespace), and the VM's NIC still
+/// becomes the container's interface.
+#[test]
+fn a_pooled_vm_is_taken_before_docker_s_network_hook_runs() {
+    use common::netns::{ip_out, Netns, GUEST, PEER};
+    let f = require!(pooled());
+    let _drain = Drain(&f);
+    if let Some(why) = common::host_unsuitable(&["ip", "nsenter"]) {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    fill(&f);
+    let ns = Netns::new("pook");
+    let hook = ns.docker_like_hook(f.dir.path(), false, false);
+    let out = out_dir(&f);
+    f.write_config(
+        &[
+            "sh",
+            "-c",
+            "{ ip -4 -o addr show eth0; cat /sys/class/net/eth0/address; \
+             ping -c 1 -W 5 10.231.0.1 >/dev/null && echo ping-ok; } > /out/net",
+        ],
+        |c| {
+            c["hooks"] = serde_json::json!({"prestart": [hook]});
+            c["mounts"].as_array_mut().expect("mounts").extend([
+                serde_json::json!({
+                    "destination": "/out", "type": "bind",
+                    "source": out, "options": ["rbind", "rw"]
+                }),
+                serde_json::json!({
+                    "destination": "/sys", "type": "sysfs", "source": "sysfs",
+                    "options": ["nosuid", "noexec", "nodev", "ro"]
+                }),
+            ]);
+        },
+    );
+    let ns_mac = ip_out(&["-n", &ns.container, "-o", "link", "show", "eth0"]);
+    let (code, parts) = run_to_end(&f, "pool-hook");
+    assert_eq!(code, 0);
+    let at = |p: &str| parts.iter().position(|x| x == p);
+    assert!(
+        at("pool").is_some() && at("pool") < at("hooks"),
+        "the pooled VM was not taken before the hook: {parts:?}"
+    );
+    let net = std::fs::read_to_string(out_dir(&f).join("net")).expect("net");
+    assert!(net.contains(&format!("inet {GUEST}/24")), "{net}");
+    let guest_mac = net.lines().nth(1).unwrap_or_default().to_string();
+    assert!(
+        !guest_mac.is_empty() && ns_mac.contains(&guest_mac),
+        "the guest's MAC {guest_mac} is the veth's: {ns_mac}"
+    );
+    assert!(net.contains("ping-ok"), "{net} (peer {PEER})");
+    drain_and_check(&f, &["pool-hook"]);
+}
+
 #[test]
 fn with_a_memory_ceiling_one_pooled_vm_serves_any_limit_below_it() {
     if common::guest::builtin() {

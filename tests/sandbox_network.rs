@@ -1389,3 +1389,142 @@ fn two_hundred_networked_create_delete_cycles_leave_the_host_as_it_was() {
         lane_counts(&lanes)
     );
 }
+
+/// A bundle running `script` in a network namespace of its own that the
+/// Docker-like hook fills, with the host directory `out` at /out.
+fn write_hooked_script(f: &Fixture, hook: serde_json::Value, out: &std::path::Path, script: &str) {
+    f.write_config(&["sh", "-c", script], |c| {
+        c["hooks"] = serde_json::json!({"prestart": [hook]});
+        c["mounts"].as_array_mut().expect("mounts").extend([
+            serde_json::json!({
+                "destination": "/sys", "type": "sysfs", "source": "sysfs",
+                "options": ["nosuid", "noexec", "nodev", "ro"]
+            }),
+            serde_json::json!({
+                "destination": "/out", "type": "bind", "source": out,
+                "options": ["rbind", "rw"]
+            }),
+        ]);
+    });
+}
+
+/// The boot trace's parts, in order, from `microvm.json`.
+fn boot_parts(f: &Fixture, id: &str) -> Vec<String> {
+    let text = std::fs::read(f.root().join(id).join("microvm.json")).expect("microvm.json");
+    let state: serde_json::Value = serde_json::from_slice(&text).expect("json");
+    state["boot"]
+        .as_array()
+        .expect("boot trace")
+        .iter()
+        .map(|p| p["part"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Runs `id` with create/start to its end; returns its boot trace and
+/// what it wrote to /out/result.
+fn create_start_wait(f: &Fixture, id: &str, out: &std::path::Path) -> (Vec<String>, String) {
+    let created = f.create(id);
+    assert_eq!(created.code, 0, "{created}");
+    let parts = boot_parts(f, id);
+    let started = f.agentvm(&["start", id]);
+    assert_eq!(started.code, 0, "{started}");
+    let stopped = common::wait_for(60, || (f.state(id)["status"] == "stopped").then_some(()));
+    assert!(stopped.is_some(), "{id} never stopped: {}", f.state(id));
+    let deleted = f.agentvm(&["delete", id]);
+    assert_eq!(deleted.code, 0, "{deleted}");
+    let result = std::fs::read_to_string(out.join("result")).unwrap_or_default();
+    (parts, result)
+}
+
+/// Docker's network hook fills the namespace while the VM boots: the VM is
+/// launched before the hook runs, and its NIC still becomes the
+/// container's interface (address, MAC, MTU, route), as after the hook.
+#[test]
+fn the_vm_boots_while_docker_s_network_hook_runs() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
+    let f = require!(microvm_in());
+    let ns = Netns::new("hook");
+    let mac = ip_out(&["-n", &ns.container, "-o", "link", "show", "eth0"]);
+    let out = f.dir.path().join("out");
+    std::fs::create_dir(&out).expect("out dir");
+    let hook = ns.docker_like_hook(f.dir.path(), false, false);
+    write_hooked_script(
+        &f,
+        hook,
+        &out,
+        "{ ip -4 -o addr show; cat /sys/class/net/eth0/mtu /sys/class/net/eth0/address; \
+         ip route; ping -c 1 -W 5 10.231.0.1 >/dev/null && echo ping-ok; } > /out/result 2>&1",
+    );
+    let (parts, result) = create_start_wait(&f, "mvn-hook", &out);
+    let at = |p: &str| parts.iter().position(|x| x == p);
+    assert!(
+        at("vmm launch").is_some() && at("vmm launch") < at("hooks"),
+        "the VM was not launched before the hook: {parts:?}"
+    );
+    assert!(result.contains(&format!("inet {GUEST}/24")), "{result}");
+    assert!(result.contains("\n1450\n"), "MTU: {result}");
+    let guest_mac = result
+        .lines()
+        .find(|l| l.len() == 17 && l.matches(':').count() == 5);
+    assert!(
+        guest_mac.is_some_and(|m| mac.contains(m)),
+        "the guest's MAC is not the veth's ({mac}): {result}"
+    );
+    assert!(
+        result.contains(&format!("default via {PEER} dev eth0")),
+        "{result}"
+    );
+    assert!(result.contains("ping-ok"), "{result}");
+    assert!(!result.contains("eth1"), "an interface too many: {result}");
+    assert_nothing_left(&f, "mvn-hook");
+}
+
+/// A hook that gives the container more NICs than the VM booted beside it
+/// has: that VM is given up and one booted with them all, so the guest has
+/// both interfaces. A hook that fails takes the VM booted beside it along.
+#[test]
+fn more_nics_than_booted_with_boot_again_and_a_failed_hook_leaves_nothing() {
+    if common::bundle::skip_unless_root() {
+        return;
+    }
+    let f = require!(microvm_in());
+    let ns = Netns::new("hk2");
+    let out = f.dir.path().join("out");
+    std::fs::create_dir(&out).expect("out dir");
+    let hook = ns.docker_like_hook(f.dir.path(), true, false);
+    write_hooked_script(
+        &f,
+        hook,
+        &out,
+        "{ ip -4 -o addr show; ping -c 1 -W 5 10.232.0.1 >/dev/null && echo ping1-ok; } \
+         > /out/result 2>&1",
+    );
+    let (parts, result) = create_start_wait(&f, "mvn-hk2", &out);
+    assert!(result.contains(&format!("inet {GUEST}/24")), "{result}");
+    assert!(
+        result.contains("eth1") && result.contains("inet 10.232.0.2/24"),
+        "{result}"
+    );
+    assert!(result.contains("ping1-ok"), "{result}");
+    assert_eq!(
+        parts.iter().filter(|p| *p == "vmm launch").count(),
+        2,
+        "booted beside the hook, then again after it: {parts:?}"
+    );
+    assert_nothing_left(&f, "mvn-hk2");
+
+    // The namespace's eth0 went with the container's namespace: a new
+    // pair for the failing hook.
+    let ns = Netns::new("hkf");
+    let hook = ns.docker_like_hook(f.dir.path(), false, true);
+    write_hooked_script(&f, hook, &out, "true");
+    let created = f.create("mvn-hkf");
+    assert_ne!(created.code, 0, "{created}");
+    assert!(
+        created.stderr.contains("no network for you"),
+        "the hook's error is not reported: {created}"
+    );
+    assert_nothing_left(&f, "mvn-hkf");
+}

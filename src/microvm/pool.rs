@@ -860,15 +860,7 @@ fn boot(slot: &Path, config: &Config, name: &str) -> Result<Idle, String> {
     // in it: its taps move to the container's namespace by descriptor).
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
         .map_err(|e| format!("unshare network namespace: {e}"))?;
-    let mut nics = Vec::new();
-    for i in 0..NICS {
-        let tap = crate::router::open_tap(&format!("{}{i}", crate::router::TAP_PREFIX))
-            .map_err(|e| e.to_string())?;
-        nics.push(crate::router::Nic {
-            tap: std::sync::Arc::new(tap),
-            mac: random_mac().map_err(|e| format!("cannot make a MAC: {e}"))?,
-        });
-    }
+    let nics = boot_nics(NICS).map_err(|e| e.to_string())?;
     let nic_macs = nics
         .iter()
         .map(|n| crate::netlink::format_mac(&n.mac))
@@ -959,6 +951,26 @@ fn boot(slot: &Path, config: &Config, name: &str) -> Result<Idle, String> {
         guest_ram,
         listener: keeper_listener,
     })
+}
+
+/// `count` NICs for a VM booted before its container's network is known:
+/// taps `avtap0`… in this process's network namespace (down until the
+/// router configures them), each with a random boot MAC that the guest
+/// swaps for the container's (`Interface::boot_mac`).
+pub fn boot_nics(count: usize) -> Result<Vec<crate::router::Nic>, crate::router::NetError> {
+    (0..count)
+        .map(|i| {
+            let tap = crate::router::open_tap(&format!("{}{i}", crate::router::TAP_PREFIX))?;
+            let mac = random_mac().map_err(|source| crate::router::NetError::Io {
+                what: "make a MAC (/dev/urandom)".into(),
+                source,
+            })?;
+            Ok(crate::router::Nic {
+                tap: std::sync::Arc::new(tap),
+                mac,
+            })
+        })
+        .collect()
 }
 
 /// A locally administered unicast MAC, random.

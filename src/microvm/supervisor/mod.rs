@@ -237,10 +237,46 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     state.vmm = vmm.backend.as_str().to_string();
     state.save(dir)?;
     trace.mark("setup");
+    let plan = super::spec::plan(&spec, &state.bundle, &state.rootfs, &args.config)?;
+    for w in &plan.warnings {
+        tracing::warn!("container {}: {w}", state.id);
+    }
+    let cmdline = super::pool::guest_cmdline(&host);
+    // Docker's prestart hook only fills the (still empty) namespace with
+    // the container's interface: the VM boots meanwhile, or a pooled one
+    // is taken, with the one NIC Docker gives a container.
+    let mut ahead = if hooks_only_fill_the_network(&spec) {
+        boot_ahead(
+            args,
+            &state,
+            &spec,
+            &host,
+            &cmdline,
+            &plan,
+            vmm.backend,
+            &mut trace,
+        )?
+    } else {
+        None
+    };
+    // A VM booted ahead staged the share, even if it is given up.
+    let share_staged = matches!(
+        ahead.as_ref().and_then(|a| a.vm.as_ref()),
+        Some(AheadVm::Booting(_))
+    );
+    // Any error from here on drops `ahead`, which kills its VM.
     serve::run_hooks(&spec, &state, &["prestart", "createRuntime"])
         .map_err(SupervisorError::Hook)?;
     trace.mark("hooks");
     // The hooks have put Docker's or CNI's interfaces in the namespace.
+    if ahead.is_some() && super::net::guest_nics().unwrap_or(usize::MAX) > super::pool::NICS {
+        tracing::info!(
+            "container {}: the hooks made more NICs than the VM booted beside them has: \
+             booting one with them all",
+            state.id
+        );
+        drop(ahead.take());
+    }
     let egress: crate::egress::Policy = state.egress.parse()?;
     let dns_mode = if egress.is_allow() {
         super::net::DnsMode::Relay
@@ -249,15 +285,18 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     } else {
         super::net::DnsMode::None
     };
-    let plan = super::spec::plan(&spec, &state.bundle, &state.rootfs, &args.config)?;
-    for w in &plan.warnings {
-        tracing::warn!("container {}: {w}", state.id);
-    }
-    let cmdline = super::pool::guest_cmdline(&host);
     // A VM booted before the container, when one fits: its NIC's tap is
     // moved into this namespace as the one plumb would make.
-    let claim = claim_pooled(args, &state, &spec, &host, &cmdline, &plan, vmm.backend);
-    let sandbox = match claim {
+    let claim = match ahead {
+        Some(_) => None,
+        None => claim_pooled(args, &state, &spec, &host, &cmdline, &plan, vmm.backend),
+    };
+    let boot_macs = match (&ahead, &claim) {
+        (Some(a), _) => Some(a.nic_macs.clone()),
+        (None, Some(c)) => Some(c.nic_macs.clone()),
+        (None, None) => None,
+    };
+    let sandbox = match boot_macs {
         Some(_) => super::net::Sandbox::MadeTaps,
         None => super::net::Sandbox::Taps,
     };
@@ -270,10 +309,13 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     for w in &plumbed.warnings {
         tracing::warn!("container {}: {w}", state.id);
     }
-    if let Some(c) = &claim {
-        for (iface, mac) in plumbed.guest.interfaces.iter_mut().zip(&c.nic_macs) {
-            iface.boot_mac = Some(mac.clone());
-        }
+    for (iface, mac) in plumbed
+        .guest
+        .interfaces
+        .iter_mut()
+        .zip(boot_macs.iter().flatten())
+    {
+        iface.boot_mac = Some(mac.clone());
     }
     // Before the guest exists, so its first packet meets them.
     let sources = plumbed.sources(super::net::Sandbox::Taps);
@@ -366,33 +408,32 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
     let timeout = args.config.microvm.boot_timeout();
     let mut guest_log = guest_log::GuestLog::new(Instant::now());
     let console_log = dir.join(CONSOLE_LOG);
-    let pooled = match claim {
-        Some(c) => {
-            let vm = pooled_vm(args, &state, c, &plan);
+    let taken = match (ahead.as_mut().and_then(|a| a.vm.take()), claim) {
+        (Some(AheadVm::Booting(starting)), _) => {
+            let launched = starting.handshake(args, &early, &mut guest_log)?;
+            // The hooks and the network ran while it booted: the rest of
+            // its boot is one part.
+            trace.mark(trace::GUEST_BOOT);
+            Some(launched)
+        }
+        (Some(AheadVm::Pooled(p)), _) => Some(send_early(p, &early, &console_log)?),
+        (None, Some(c)) => match pooled_vm(args, &state, c, &plan) {
+            Some(p) => {
+                trace.mark("pool");
+                Some(send_early(p, &early, &console_log)?)
+            }
             // Its tap went with it: a VM booted now would have no NIC.
-            if vm.is_none() && !plumbed.guest.interfaces.is_empty() {
+            None if !plumbed.guest.interfaces.is_empty() => {
                 return Err(SupervisorError::Guest(
                     "the pooled VM taken for this container failed to move in (see the log)".into(),
                 ));
             }
-            vm
-        }
-        None => None,
+            None => None,
+        },
+        (None, None) => None,
     };
-    let launched = match pooled {
-        Some(mut p) => {
-            trace.mark("pool");
-            let sent = early.iter().try_for_each(|request| {
-                Frame::control(&request.msg)
-                    .write_to(&mut p.guest)
-                    .map_err(SupervisorError::from)
-            });
-            if let Err(e) = sent {
-                p.vm.kill();
-                return Err(with_console(e, &console_log));
-            }
-            p
-        }
+    let launched = match taken {
+        Some(launched) => launched,
         None => launch(
             args,
             &state,
@@ -401,6 +442,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             &plan,
             &plumbed,
             &early,
+            share_staged,
             &mut trace,
             &mut guest_log,
         )?,
@@ -602,13 +644,44 @@ fn launch(
     plan: &super::spec::GuestPlan,
     plumbed: &super::net::Plumbed,
     early: &[Early],
+    share_staged: bool,
     trace: &mut trace::BootTrace,
     guest_log: &mut guest_log::GuestLog,
 ) -> Result<Launched, SupervisorError> {
+    let nics = plumbed.nics.clone();
+    let starting = start_vm(args, state, host, cmdline, plan, nics, share_staged, trace)?;
+    let (launched, milestones) = starting.handshake_with_milestones(args, early, guest_log)?;
+    trace.guest_booted(milestones);
+    Ok(launched)
+}
+
+/// A VM whose VMM runs and whose agent has not been waited for yet.
+struct Starting {
+    vm: Box<dyn Vm>,
+    listener: UnixListener,
+    console_log: PathBuf,
+    guest_ram: Option<GuestRam>,
+}
+
+/// Stages the share (unless `share_staged`: a VM booted ahead of the
+/// hooks and given up did) and launches the VMM with `nics`.
+#[allow(clippy::too_many_arguments)]
+fn start_vm(
+    args: &Args,
+    state: &VmState,
+    host: &Host,
+    cmdline: String,
+    plan: &super::spec::GuestPlan,
+    nics: Vec<super::net::Nic>,
+    share_staged: bool,
+    trace: &mut trace::BootTrace,
+) -> Result<Starting, SupervisorError> {
     let dir = &args.dir;
     let share_dir = dir.join("share");
-    stage::share(&share_dir, &plan.staged)?;
-    stage::agent(&share_dir, host.guest_agent.as_deref())?;
+    if !share_staged {
+        stage::share(&share_dir, &plan.staged)?;
+        stage::agent(&share_dir, host.guest_agent.as_deref())?;
+    }
     let listener = super::sock::bind(dir, CONTROL_SOCKET)
         .map_err(io_error("cannot listen on the control socket"))?;
     let config = VmConfig {
@@ -624,7 +697,7 @@ fn launch(
         console_log: dir.join(CONSOLE_LOG),
         run_dir: dir.clone(),
         kvm: host.accel == Accel::Kvm,
-        nics: plumbed.nics.clone(),
+        nics,
         vmm_user: super::vmm::jail::Identity::for_supervisor(
             args.config.microvm.vmm_uid_base(),
             std::process::id(),
@@ -652,28 +725,191 @@ fn launch(
         }
     };
     trace.mark("vmm launch");
-    let handshaken = handshake(
-        &listener,
-        vm.as_mut(),
-        args.config.microvm.boot_timeout(),
-        &config.console_log,
-        guest_log,
-        early,
-    );
-    match handshaken {
-        Ok((guest, milestones)) => {
-            trace.guest_booted(milestones);
-            Ok(Launched {
-                vm,
-                guest,
-                guest_ram,
-            })
-        }
-        Err(e) => {
-            vm.kill();
-            Err(with_console(e, &config.console_log))
+    Ok(Starting {
+        vm,
+        listener,
+        console_log: config.console_log,
+        guest_ram,
+    })
+}
+
+impl Starting {
+    /// Waits for the agent's Hello, sending `early` as soon as the control
+    /// port is connected; kills the VM on failure.
+    fn handshake_with_milestones(
+        mut self,
+        args: &Args,
+        early: &[Early],
+        guest_log: &mut guest_log::GuestLog,
+    ) -> Result<(Launched, Option<crate::protocol::GuestBoot>), SupervisorError> {
+        let handshaken = handshake(
+            &self.listener,
+            self.vm.as_mut(),
+            args.config.microvm.boot_timeout(),
+            &self.console_log,
+            guest_log,
+            early,
+        );
+        match handshaken {
+            Ok((guest, milestones)) => Ok((
+                Launched {
+                    vm: self.vm,
+                    guest,
+                    guest_ram: self.guest_ram,
+                },
+                milestones,
+            )),
+            Err(e) => {
+                self.vm.kill();
+                Err(with_console(e, &self.console_log))
+            }
         }
     }
+
+    fn handshake(
+        self,
+        args: &Args,
+        early: &[Early],
+        guest_log: &mut guest_log::GuestLog,
+    ) -> Result<Launched, SupervisorError> {
+        self.handshake_with_milestones(args, early, guest_log)
+            .map(|(launched, _)| launched)
+    }
+}
+
+/// Sends `early` to a pooled VM's agent, which said Hello long ago.
+fn send_early(
+    mut p: Launched,
+    early: &[Early],
+    console_log: &Path,
+) -> Result<Launched, SupervisorError> {
+    let sent = early.iter().try_for_each(|request| {
+        Frame::control(&request.msg)
+            .write_to(&mut p.guest)
+            .map_err(SupervisorError::from)
+    });
+    match sent {
+        Ok(()) => Ok(p),
+        Err(e) => {
+            p.vm.kill();
+            Err(with_console(e, console_log))
+        }
+    }
+}
+
+/// Whether the prestart and createRuntime hooks are all Docker's
+/// `libnetwork-setkey` (its daemon's own binary, which moves the
+/// container's veth into the namespace and configures it, and touches
+/// neither the rootfs nor the mounts), and there is at least one.
+fn hooks_only_fill_the_network(spec: &oci_spec::runtime::Spec) -> bool {
+    let Some(hooks) = spec.hooks() else {
+        return false;
+    };
+    let before: Vec<&oci_spec::runtime::Hook> = [hooks.prestart(), hooks.create_runtime()]
+        .into_iter()
+        .flatten()
+        .flatten()
+        .collect();
+    !before.is_empty()
+        && before.iter().all(|h| {
+            h.args()
+                .as_ref()
+                .and_then(|a| a.first())
+                .is_some_and(|a| a == DOCKER_NETWORK_HOOK)
+        })
+}
+
+/// `args[0]` of the prestart hook Docker gives every container with a
+/// network namespace of its own.
+const DOCKER_NETWORK_HOOK: &str = "libnetwork-setkey";
+
+/// A VM started before the prestart hooks, for [`boot_ahead`]: dropped
+/// while it still holds one, it kills it.
+struct Ahead {
+    vm: Option<AheadVm>,
+    /// The MACs its NICs booted with, which the guest swaps for the
+    /// container's.
+    nic_macs: Vec<String>,
+}
+
+enum AheadVm {
+    /// Booting, with its taps waiting in the namespace.
+    Booting(Starting),
+    /// Taken from the pool, its taps moved into the namespace.
+    Pooled(Launched),
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        match self.vm.take() {
+            Some(AheadVm::Booting(mut s)) => s.vm.kill(),
+            Some(AheadVm::Pooled(mut p)) => p.vm.kill(),
+            None => {}
+        }
+    }
+}
+
+/// Takes a pooled VM, or boots one, before the hooks that fill the
+/// still-empty network namespace have run, with the NICs a pooled VM has
+/// ([`super::pool::NICS`]): taps in the namespace, down until the router
+/// configures them. `None` (with the reason logged) leaves the boot for
+/// after the hooks, as without them; an error is what booting after them
+/// would have met.
+#[allow(clippy::too_many_arguments)]
+fn boot_ahead(
+    args: &Args,
+    state: &VmState,
+    spec: &oci_spec::runtime::Spec,
+    host: &Host,
+    cmdline: &str,
+    plan: &super::spec::GuestPlan,
+    backend: super::vmm::choice::BackendKind,
+    trace: &mut trace::BootTrace,
+) -> Result<Option<Ahead>, SupervisorError> {
+    match super::net::guest_nics() {
+        Ok(0) => {}
+        Ok(_) => {
+            tracing::info!(
+                "container {}: its namespace has interfaces before its hooks ran: booting after them",
+                state.id
+            );
+            return Ok(None);
+        }
+        Err(e) => {
+            tracing::warn!("container {}: {e}", state.id);
+            return Ok(None);
+        }
+    }
+    if let Some(claim) = claim_pooled(args, state, spec, host, cmdline, plan, backend) {
+        let nic_macs = claim.nic_macs.clone();
+        let Some(p) = pooled_vm(args, state, claim, plan) else {
+            return Ok(None);
+        };
+        trace.mark("pool");
+        return Ok(Some(Ahead {
+            vm: Some(AheadVm::Pooled(p)),
+            nic_macs,
+        }));
+    }
+    let nics = super::pool::boot_nics(super::pool::NICS)?;
+    let nic_macs = nics
+        .iter()
+        .map(|n| crate::netlink::format_mac(&n.mac))
+        .collect();
+    let starting = start_vm(
+        args,
+        state,
+        host,
+        cmdline.to_string(),
+        plan,
+        nics,
+        false,
+        trace,
+    )?;
+    Ok(Some(Ahead {
+        vm: Some(AheadVm::Booting(starting)),
+        nic_macs,
+    }))
 }
 
 /// Sends a boot request and waits for the reply `expected` accepts: the

@@ -182,6 +182,51 @@ impl Netns {
     }
 
     /// Runs `cmd` in the peer namespace.
+    /// A prestart hook that does what Docker's `libnetwork-setkey` does,
+    /// and is called by its name (`args[0]`): moves this namespace pair's
+    /// `eth0` into the container's network namespace (of the pid in the
+    /// state on its stdin) and configures it there as [`Netns::new`] did;
+    /// with `second`, also gives the container a second veth (`eth1`,
+    /// 10.232.0.2/24, its peer 10.232.0.1); with `fail`, fails after that.
+    /// The script is written in `dir`.
+    pub fn docker_like_hook(
+        &self,
+        dir: &std::path::Path,
+        second: bool,
+        fail: bool,
+    ) -> serde_json::Value {
+        let path = dir.join(format!("setkey-{}.sh", self.container));
+        let mut script = format!(
+            "#!/bin/sh\nset -e\nPATH=/usr/sbin:/usr/bin:/sbin:/bin\n\
+             pid=$(sed -n 's/.*\"pid\": *\\([0-9]*\\).*/\\1/p')\n\
+             ip -n {c} link set eth0 netns \"$pid\"\n\
+             nsenter -t \"$pid\" -n ip addr add {GUEST}/24 dev eth0\n\
+             nsenter -t \"$pid\" -n ip link set eth0 mtu 1450 up\n\
+             nsenter -t \"$pid\" -n ip route add default via {PEER}\n",
+            c = self.container
+        );
+        if second {
+            script.push_str(&format!(
+                "ip -n {p} link add veth1 type veth peer name eth1 netns \"$pid\"\n\
+                 ip -n {p} addr add 10.232.0.1/24 dev veth1\n\
+                 ip -n {p} link set veth1 up\n\
+                 nsenter -t \"$pid\" -n ip addr add 10.232.0.2/24 dev eth1\n\
+                 nsenter -t \"$pid\" -n ip link set eth1 up\n",
+                p = self.peer
+            ));
+        }
+        if fail {
+            script.push_str("echo 'no network for you' >&2\nexit 3\n");
+        }
+        std::fs::write(&path, script).expect("write hook");
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod hook");
+        serde_json::json!({
+            "path": path,
+            "args": ["libnetwork-setkey", "-exec-root=/nonexistent", "test"]
+        })
+    }
+
     pub fn in_peer(&self, cmd: &[&str]) -> std::process::Output {
         Command::new("ip")
             .args(["netns", "exec", &self.peer])
