@@ -414,7 +414,12 @@ prepare() {
     # misplaces events under load; with it, 1 boot in 4 of the nested Linux
     # guest ended in a triple fault, an RCU stall, or an oops or reset of the
     # test host itself (docs/testing.md, "The test host").
-    local append="console=ttyS0 reboot=t panic=-1 no_timer_check tsc_early_khz=$khz tsc=reliable kvm_amd.vgif=0 ${TESTHOST_APPEND:-}"
+    # oops=panic: an oops of the test host's own kernel (that emulation
+    # again) panics it, and panic=-1 with -no-reboot ends QEMU at once, so
+    # the items left go to the next boot; without it the oopsed test host
+    # hung ("Fixing recursive fault but reboot is needed!") until the
+    # boot's timeout, 25 minutes of a CI run.
+    local append="console=ttyS0 reboot=t panic=-1 oops=panic no_timer_check tsc_early_khz=$khz tsc=reliable kvm_amd.vgif=0 ${TESTHOST_APPEND:-}"
     # shellcheck disable=SC2054 # the commas are QEMU's option syntax
     qemu=(qemu-system-x86_64 -M microvm,acpi=off -accel tcg -cpu max -m 2048 -smp 2
         -nographic -no-reboot -kernel "$host_kernel" -initrd "$tmp/initramfs.cpio" -append "$append")
