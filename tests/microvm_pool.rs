@@ -98,18 +98,6 @@ fn fill(f: &Fixture) -> (String, i32) {
     ready_slot(f)
 }
 
-/// The parts of the boot trace `create` recorded.
-fn boot_parts(f: &Fixture, id: &str) -> Vec<String> {
-    let text = std::fs::read(f.root().join(id).join("microvm.json")).expect("microvm.json");
-    let state: serde_json::Value = serde_json::from_slice(&text).expect("json");
-    state["boot"]
-        .as_array()
-        .expect("boot trace")
-        .iter()
-        .map(|p| p["part"].as_str().unwrap_or_default().to_string())
-        .collect()
-}
-
 fn alive(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -122,7 +110,7 @@ fn alive(pid: i32) -> bool {
 fn run_to_end(f: &Fixture, id: &str) -> (i64, Vec<String>) {
     let out = f.create(id);
     assert_eq!(out.code, 0, "{out}");
-    let parts = boot_parts(f, id);
+    let parts = f.boot_parts(id);
     let out = f.agentvm(&["start", id]);
     assert_eq!(out.code, 0, "{out}");
     let status = wait_for(60, || {
@@ -493,7 +481,7 @@ fn with_a_memory_ceiling_one_pooled_vm_serves_any_limit_below_it() {
     });
     let out = f.create(id);
     assert_eq!(out.code, 0, "{out}");
-    assert!(boot_parts(&f, id).contains(&"pool".to_string()));
+    assert!(f.boot_parts(id).contains(&"pool".to_string()));
     f.agentvm(&["start", id]).ok();
     // The balloon leaves the guest what its limit needs (+ 64 MiB), and
     // update moves it, as in a VM booted for the container.

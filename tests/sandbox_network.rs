@@ -1408,24 +1408,12 @@ fn write_hooked_script(f: &Fixture, hook: serde_json::Value, out: &std::path::Pa
     });
 }
 
-/// The boot trace's parts, in order, from `microvm.json`.
-fn boot_parts(f: &Fixture, id: &str) -> Vec<String> {
-    let text = std::fs::read(f.root().join(id).join("microvm.json")).expect("microvm.json");
-    let state: serde_json::Value = serde_json::from_slice(&text).expect("json");
-    state["boot"]
-        .as_array()
-        .expect("boot trace")
-        .iter()
-        .map(|p| p["part"].as_str().unwrap_or_default().to_string())
-        .collect()
-}
-
 /// Runs `id` with create/start to its end; returns its boot trace and
 /// what it wrote to /out/result.
 fn create_start_wait(f: &Fixture, id: &str, out: &std::path::Path) -> (Vec<String>, String) {
     let created = f.create(id);
     assert_eq!(created.code, 0, "{created}");
-    let parts = boot_parts(f, id);
+    let parts = f.boot_parts(id);
     let started = f.agentvm(&["start", id]);
     assert_eq!(started.code, 0, "{started}");
     let stopped = common::wait_for(60, || (f.state(id)["status"] == "stopped").then_some(()));

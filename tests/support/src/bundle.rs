@@ -229,6 +229,19 @@ impl Fixture {
         self.agentvm(&["create", "--bundle", bundle.to_str().expect("utf-8"), id])
     }
 
+    /// The parts of the boot trace a microvm `create` recorded, in order
+    /// (`boot` in the container's `microvm.json`).
+    pub fn boot_parts(&self, id: &str) -> Vec<String> {
+        let text = std::fs::read(self.root().join(id).join("microvm.json")).expect("microvm.json");
+        let state: serde_json::Value = serde_json::from_slice(&text).expect("json");
+        state["boot"]
+            .as_array()
+            .expect("boot trace")
+            .iter()
+            .map(|p| p["part"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
     pub fn state(&self, id: &str) -> serde_json::Value {
         let out = self.agentvm(&["state", id]).ok();
         serde_json::from_str(&out.stdout).expect("state is JSON")
