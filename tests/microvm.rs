@@ -330,6 +330,53 @@ fn lifecycle_with_exec_inside_the_guest() {
     assert_nothing_left(&f, id);
 }
 
+/// The state root and the bundle sit below a directory that only root's
+/// capabilities get through (mode 0600, as `/run/containerd` is when a Go
+/// shim made it first). The running supervisor has given those
+/// capabilities up, yet `start` runs the spec's startContainer hooks and
+/// records "running", exec works, and the workload's exit status is
+/// recorded: the supervisor reaches its state through a descriptor, and
+/// has its hooks from create.
+#[test]
+fn a_state_root_below_a_directory_closed_to_the_jailed_supervisor() {
+    let f = require!(microvm());
+    let id = "mv-closed";
+    write_script(
+        &f,
+        "cat /out/hook > /out/seen; while [ ! -e /out/go ]; do sleep 0.1; done; exit 7",
+    );
+    let config_path = f.bundle().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config_path).expect("config")).expect("json");
+    config["hooks"] = serde_json::json!({"startContainer": [
+        {"path": "/bin/sh", "args": ["sh", "-c", "echo hooked > /out/hook"]}
+    ]});
+    std::fs::write(&config_path, config.to_string()).expect("config");
+    use std::os::unix::fs::PermissionsExt;
+    let closed = |mode| {
+        std::fs::set_permissions(f.dir.path(), std::fs::Permissions::from_mode(mode))
+            .expect("chmod");
+    };
+    closed(0o600);
+    f.create(id).ok();
+    f.agentvm(&["start", id]).ok();
+    assert_eq!(wait_for_file(&f, "seen"), "hooked\n");
+    assert_eq!(f.state(id)["status"], "running");
+    let out = f.agentvm(&["exec", id, "cat", "/out/seen"]).ok();
+    assert_eq!(out.stdout, "hooked\n", "{out}");
+    std::fs::write(out_dir(&f).join("go"), "").expect("go");
+    wait_for_status(&f, id, "stopped");
+    let recorded: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(f.root().join(id).join("microvm.json")).expect("microvm.json"),
+    )
+    .expect("json");
+    assert_eq!(recorded["exit_status"], 7, "{recorded}");
+    assert!(!log_text(&f).contains("not recorded"), "{}", log_text(&f));
+    f.agentvm(&["delete", id]).ok();
+    closed(0o700);
+    assert_nothing_left(&f, id);
+}
+
 #[test]
 fn update_gives_the_guest_more_ram_up_to_the_configured_ceiling() {
     let f = require!(microvm());

@@ -41,6 +41,11 @@ pub enum SupervisorRequest {
         id: String,
         spec: Box<oci_spec::runtime::Spec>,
         join: Vec<crate::protocol::PodNamespace>,
+        /// The member's startContainer hooks, which its `start` runs in
+        /// the guest: read from its bundle here, at create, as runc keeps
+        /// its config from create (the jailed supervisor reads no bundle).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        start_hooks: Option<StartHooks>,
     },
     /// A request (`Start`, `Signal`, `Ps`, `Stats`, `Update`, `Exec`) about
     /// member `id` of the pod rather than the sandbox container.
@@ -56,6 +61,38 @@ pub enum SupervisorRequest {
     /// guest, as runc's pause freezes its cgroup; `Resume` thaws it.
     Pause,
     Resume,
+}
+
+/// A container's startContainer hooks and the OCI state they read (status
+/// `created`, the container's pid), fixed at create: `start` runs them in
+/// the guest before the workload.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StartHooks {
+    pub hooks: Vec<oci_spec::runtime::Hook>,
+    pub state: crate::protocol::OciState,
+}
+
+impl StartHooks {
+    /// The spec's startContainer hooks for the container whose state is
+    /// `state`; `None` when it has none.
+    pub fn of(spec: &oci_spec::runtime::Spec, state: &super::vmstate::VmState) -> Option<Self> {
+        let hooks = spec
+            .hooks()
+            .as_ref()
+            .and_then(|h| h.start_container().clone())
+            .filter(|h| !h.is_empty())?;
+        Some(StartHooks {
+            hooks,
+            state: crate::protocol::OciState {
+                oci_version: oci_spec::runtime::VERSION.to_string(),
+                id: state.id.clone(),
+                status: "created".into(),
+                pid: state.supervisor_pid,
+                bundle: state.bundle.clone(),
+                annotations: state.annotations.clone(),
+            },
+        })
+    }
 }
 
 /// Control frames an exec relay sends after the exec started.

@@ -526,7 +526,8 @@ fn prepare(args: &Args, state: &mut VmState) -> Result<Prepared, PodError> {
     enter_sandbox_mounts(&sandbox)?;
     let share = root.join(&sandbox_id).join("share");
     attach(&share, trees)?;
-    let created = create_in_guest(&root, &sandbox_id, &id, &plan);
+    let start_hooks = client::StartHooks::of(&spec, state);
+    let created = create_in_guest(&root, &sandbox_id, &id, &plan, start_hooks);
     let conn = match created {
         Ok(conn) => conn,
         Err(e) => {
@@ -549,11 +550,13 @@ fn create_in_guest(
     sandbox: &str,
     id: &str,
     plan: &MemberPlan,
+    start_hooks: Option<client::StartHooks>,
 ) -> Result<std::os::unix::net::UnixStream, PodError> {
     let request = SupervisorRequest::CreateMember {
         id: id.to_string(),
         spec: Box::new(plan.spec.clone()),
         join: plan.join.clone(),
+        start_hooks,
     };
     let (conn, reply) = client::request(
         &root.join(sandbox),

@@ -185,6 +185,8 @@ pub struct Booted {
     /// The guest's interface names, one per NIC in order (for the VMM's
     /// counters in `events --stats`).
     pub nic_names: Vec<String>,
+    /// The spec's startContainer hooks, which `start` runs in the guest.
+    pub start_hooks: Option<super::client::StartHooks>,
 }
 
 /// The guest's share of its VM's RAM, and the VMM's control of it.
@@ -502,6 +504,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
             .collect();
     }
     state.save(dir)?;
+    let start_hooks = super::client::StartHooks::of(&spec, &state);
     Ok(Booted {
         vm,
         guest,
@@ -514,6 +517,7 @@ fn boot(args: &Args) -> Result<Booted, SupervisorError> {
         egress: egress_daemon,
         guest_ram,
         nic_names,
+        start_hooks,
     })
 }
 

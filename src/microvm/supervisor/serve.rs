@@ -13,11 +13,11 @@ use signal_hook::consts::signal::*;
 use super::guest_log::{self, GuestLog};
 use super::relays::Relays;
 use super::{Args, Booted, SupervisorError, VM_LOST_STATUS};
-use crate::microvm::client::{ExecControl, ExecEvent, SupervisorRequest};
+use crate::microvm::client::{ExecControl, ExecEvent, StartHooks, SupervisorRequest};
 use crate::microvm::vmstate::{Status, VmState};
 use crate::protocol::{
-    Frame, GuestMessage, HostMessage, Kind, MemberRequest, OciState, PodNamespace, ProtocolError,
-    Reply, INIT_STREAM, MAX_PAYLOAD,
+    Frame, GuestMessage, HostMessage, Kind, MemberRequest, PodNamespace, ProtocolError, Reply,
+    INIT_STREAM, MAX_PAYLOAD,
 };
 
 /// How long a request to the guest may take before the guest is declared
@@ -139,7 +139,13 @@ struct Shared {
     stdout: Mutex<Box<dyn Write + Send>>,
     stderr: Mutex<Box<dyn Write + Send>>,
     events: Sender<Event>,
+    /// The state directory, as logs name it.
     dir: std::path::PathBuf,
+    /// The same directory as the jailed supervisor reaches it.
+    state_dir: StateDir,
+    /// The container's startContainer hooks, read from its bundle before
+    /// the jail.
+    start_hooks: Option<StartHooks>,
     /// `agentvm start/kill/ps…` requests being answered (not execs, which
     /// last as long as their process): the supervisor lets them finish
     /// before it ends, so that the workload's end never cuts a reply off
@@ -148,13 +154,43 @@ struct Shared {
     answering: (Mutex<usize>, std::sync::Condvar),
     /// The balloon's side of `update`, where the VM has one to change.
     guest_ram: Mutex<Option<super::GuestRam>>,
-    /// The pod's further containers in this VM: host id → the stream of
-    /// their init in the guest.
-    members: Mutex<std::collections::HashMap<String, u32>>,
+    /// The pod's further containers in this VM, by host id.
+    members: Mutex<std::collections::HashMap<String, Member>>,
     /// The VMM's own counters, where it keeps them, and the guest's names
     /// of its NICs in order.
     counters: Option<Arc<dyn crate::microvm::vmm::Counters>>,
     nic_names: Vec<String>,
+}
+
+/// A further container of the pod in this VM.
+struct Member {
+    /// The guest stream of its init.
+    stream: u32,
+    /// Its startContainer hooks, as its relay read them at create.
+    start_hooks: Option<StartHooks>,
+}
+
+/// The container's state directory through a descriptor opened before the
+/// jail. The jailed supervisor has no `CAP_DAC_READ_SEARCH`: as uid 0 it
+/// still needs search permission on each directory above its own to walk
+/// a path there, and a parent made by another program may not give it
+/// (`/run/containerd` made `0600` by a Go shim's `MkdirAll`). Through
+/// `/proc/self/fd/<fd>` the kernel starts from the directory itself.
+struct StateDir {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl StateDir {
+    fn open(dir: &std::path::Path) -> std::io::Result<StateDir> {
+        Ok(StateDir {
+            fd: crate::container::sys::open_dir_path(dir)?,
+        })
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        use std::os::fd::AsRawFd;
+        format!("/proc/self/fd/{}", self.fd.as_raw_fd()).into()
+    }
 }
 
 /// Counts one CLI request in [`Shared::answering`] while it lives.
@@ -247,7 +283,16 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         egress,
         guest_ram,
         nic_names,
+        start_hooks,
     } = booted;
+    let state_dir = match StateDir::open(&args.dir) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!("container {}: {}: {e}", state.id, args.dir.display());
+            vm.kill();
+            return VM_LOST_STATUS;
+        }
+    };
     // From here on the supervisor only relays: jail it before any thread
     // exists, so all of them inherit the jail.
     let children = vm.host_pids();
@@ -288,6 +333,8 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         stderr: Mutex::new(err),
         events: events_tx.clone(),
         dir: args.dir.clone(),
+        state_dir,
+        start_hooks,
         answering: Default::default(),
         guest_ram: Mutex::new(guest_ram),
         members: Default::default(),
@@ -333,14 +380,26 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
     if let Ok(mut log) = shared.guest_log.lock() {
         guest_log::flush(&mut log);
     }
-    if let Ok(mut s) = VmState::load(&args.dir) {
-        s.status = Status::Stopped;
-        s.exit_status = Some(status);
-        s.oom_kills = oom_kills;
-        let _ = s.save(&args.dir);
-    } else {
-        state.status = Status::Stopped;
-        let _ = state.save(&args.dir);
+    let dir = shared.state_dir.path();
+    let saved = match VmState::load(&dir) {
+        Ok(mut s) => {
+            s.status = Status::Stopped;
+            s.exit_status = Some(status);
+            s.oom_kills = oom_kills;
+            s.save(&dir)
+        }
+        Err(_) => {
+            state.status = Status::Stopped;
+            state.exit_status = Some(status);
+            state.oom_kills = oom_kills;
+            state.save(&dir)
+        }
+    };
+    if let Err(e) = saved {
+        tracing::error!(
+            "container {}: exit status {status} not recorded: {e}",
+            state.id
+        );
     }
     status
 }
@@ -596,8 +655,13 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
         SupervisorRequest::Exec { process, cgroup } => {
             return exec(shared, conn, process, cgroup, None);
         }
-        SupervisorRequest::CreateMember { id, spec, join } => {
-            return create_member(shared, conn, id, spec, join);
+        SupervisorRequest::CreateMember {
+            id,
+            spec,
+            join,
+            start_hooks,
+        } => {
+            return create_member(shared, conn, id, spec, join, start_hooks);
         }
         SupervisorRequest::Member { id, request } => match member_stream(&shared, &id) {
             Err(message) => Ok(Reply::Error { message }),
@@ -619,18 +683,24 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
 fn answer(shared: &Shared, req: &SupervisorRequest) -> Result<Reply, String> {
     match req {
         SupervisorRequest::Start => {
-            let r = match start_container_hooks(&shared.dir) {
-                Ok(None) => shared.request(&HostMessage::Start),
-                Ok(Some(hooks)) => match shared.request(&hooks) {
+            let r = match &shared.start_hooks {
+                None => shared.request(&HostMessage::Start),
+                Some(StartHooks { hooks, state }) => match shared.request(&HostMessage::RunHooks {
+                    hooks: hooks.clone(),
+                    state: state.clone(),
+                }) {
                     Ok(Reply::Ok) => shared.request(&HostMessage::Start),
                     other => other,
                 },
-                Err(message) => Ok(Reply::Error { message }),
             };
             if matches!(r, Ok(Reply::Ok)) {
-                if let Ok(mut s) = VmState::load(&shared.dir) {
+                let dir = shared.state_dir.path();
+                let saved = VmState::load(&dir).and_then(|mut s| {
                     s.status = Status::Running;
-                    let _ = s.save(&shared.dir);
+                    s.save(&dir)
+                });
+                if let Err(e) = saved {
+                    tracing::warn!("started, but not recorded: {e}");
                 }
             }
             r
@@ -664,7 +734,7 @@ fn member_stream(shared: &Shared, id: &str) -> Result<u32, String> {
         .lock()
         .map_err(|_| "members poisoned".to_string())?
         .get(id)
-        .copied()
+        .map(|m| m.stream)
         .ok_or_else(|| format!("container {id} is not a member of this pod's VM"))
 }
 
@@ -682,21 +752,20 @@ fn answer_member(
     };
     match req {
         SupervisorRequest::Start => {
-            let member_dir = shared.dir.parent().map(|root| root.join(id));
-            let hooks = match member_dir {
-                Some(dir) => start_container_hooks(&dir),
-                None => Ok(None),
-            };
+            let hooks = shared
+                .members
+                .lock()
+                .map_err(|_| "members poisoned".to_string())?
+                .get(id)
+                .and_then(|m| m.start_hooks.clone());
             match hooks {
-                Ok(None) => shared.request(&member(MemberRequest::Start)),
-                Ok(Some(HostMessage::RunHooks { hooks, state })) => {
+                None => shared.request(&member(MemberRequest::Start)),
+                Some(StartHooks { hooks, state }) => {
                     match shared.request(&member(MemberRequest::RunHooks { hooks, state })) {
                         Ok(Reply::Ok) => shared.request(&member(MemberRequest::Start)),
                         other => other,
                     }
                 }
-                Ok(Some(_)) => Err("unexpected hooks request".into()),
-                Err(message) => Ok(Reply::Error { message }),
             }
         }
         SupervisorRequest::Signal { signal, all } => shared.request(&HostMessage::Signal {
@@ -742,6 +811,7 @@ fn create_member(
     id: String,
     spec: Box<Spec>,
     join: Vec<PodNamespace>,
+    start_hooks: Option<StartHooks>,
 ) {
     let known = shared
         .members
@@ -781,7 +851,13 @@ fn create_member(
         return;
     }
     if let Ok(mut members) = shared.members.lock() {
-        members.insert(id, stream);
+        members.insert(
+            id,
+            Member {
+                stream,
+                start_hooks,
+            },
+        );
     }
     let written = Frame::control(&reply).write_to(&mut conn);
     shared.relays.started(stream);
@@ -825,33 +901,6 @@ fn update(shared: &Shared, resources: &oci_spec::runtime::LinuxResources) -> Res
         set(&mut ram, target)?;
     }
     Ok(reply)
-}
-
-/// The request that runs the spec's startContainer hooks in the guest,
-/// with the state `agentvm state` shows (the supervisor as the pid), or
-/// `None` when the spec has none.
-fn start_container_hooks(dir: &std::path::Path) -> Result<Option<HostMessage>, String> {
-    let state = VmState::load(dir).map_err(|e| e.to_string())?;
-    let spec = state.spec().map_err(|e| e.to_string())?;
-    let hooks = spec
-        .hooks()
-        .as_ref()
-        .and_then(|h| h.start_container().clone())
-        .unwrap_or_default();
-    if hooks.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(HostMessage::RunHooks {
-        hooks,
-        state: OciState {
-            oci_version: oci_spec::runtime::VERSION.to_string(),
-            id: state.id.clone(),
-            status: "created".into(),
-            pid: state.supervisor_pid,
-            bundle: state.bundle.clone(),
-            annotations: state.annotations.clone(),
-        },
-    }))
 }
 
 /// Starts an exec'd process and turns the connection into its stream: in
@@ -1013,6 +1062,8 @@ mod tests {
             stderr: Mutex::new(Box::new(Sink::default())),
             events: tx,
             dir: std::env::temp_dir(),
+            state_dir: StateDir::open(&std::env::temp_dir()).unwrap(),
+            start_hooks: None,
             answering: Default::default(),
             guest_ram: Mutex::new(None),
             members: Default::default(),
@@ -1142,13 +1193,102 @@ mod tests {
     /// Starts `create_member` for `id` on a socket pair; returns the
     /// relay's end.
     fn member_relay(f: &Fixture, id: &str) -> (UnixStream, std::thread::JoinHandle<()>) {
+        member_relay_with(f, id, None)
+    }
+
+    fn member_relay_with(
+        f: &Fixture,
+        id: &str,
+        hooks: Option<StartHooks>,
+    ) -> (UnixStream, std::thread::JoinHandle<()>) {
         let (relay, supervisor_end) = UnixStream::pair().unwrap();
         let shared = f.shared.clone();
         let id = id.to_string();
         let handler = std::thread::spawn(move || {
-            create_member(shared, supervisor_end, id, Box::default(), Vec::new())
+            create_member(
+                shared,
+                supervisor_end,
+                id,
+                Box::default(),
+                Vec::new(),
+                hooks,
+            )
         });
         (relay, handler)
+    }
+
+    /// A member's startContainer hooks come with its create (its relay
+    /// read them from its bundle) and run in the guest at its start,
+    /// before its init: the jailed supervisor reads no bundle.
+    #[test]
+    fn a_member_s_start_hooks_come_with_its_create_and_run_at_its_start() {
+        let mut f = fixture();
+        let mut hook = oci_spec::runtime::Hook::default();
+        hook.set_path("/bin/hook".into());
+        let hooks = StartHooks {
+            hooks: vec![hook],
+            state: crate::protocol::OciState {
+                oci_version: "1.0.2".into(),
+                id: "app".into(),
+                status: "created".into(),
+                pid: Some(77),
+                bundle: "/bundles/app".into(),
+                annotations: Default::default(),
+            },
+        };
+        let (mut relay, handler) = member_relay_with(&f, "app", Some(hooks.clone()));
+        let stream = match f.next_request() {
+            HostMessage::CreateMember { id, .. } => id,
+            other => panic!("{other:?}"),
+        };
+        f.send(&GuestMessage::Reply(Reply::Created { pid: 9 }));
+        let _created = Frame::read_from(&mut relay).unwrap();
+        let shared = f.shared.clone();
+        let starter = std::thread::spawn(move || {
+            answer_member(&shared, "app", stream, &SupervisorRequest::Start)
+        });
+        assert_eq!(
+            f.next_request(),
+            HostMessage::Member {
+                id: stream,
+                request: MemberRequest::RunHooks {
+                    hooks: hooks.hooks,
+                    state: hooks.state
+                }
+            }
+        );
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        assert_eq!(
+            f.next_request(),
+            HostMessage::Member {
+                id: stream,
+                request: MemberRequest::Start
+            }
+        );
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        assert_eq!(starter.join().unwrap(), Ok(Reply::Ok));
+        // A failing hook: the member is not started, and the hook's error
+        // is the answer.
+        let shared = f.shared.clone();
+        let starter = std::thread::spawn(move || {
+            answer_member(&shared, "app", stream, &SupervisorRequest::Start)
+        });
+        assert!(matches!(
+            f.next_request(),
+            HostMessage::Member {
+                request: MemberRequest::RunHooks { .. },
+                ..
+            }
+        ));
+        let failed = Reply::Error {
+            message: "error running hook #0".into(),
+        };
+        f.send(&GuestMessage::Reply(failed.clone()));
+        assert_eq!(starter.join().unwrap(), Ok(failed));
+        drop(relay);
+        assert!(matches!(f.next_request(), HostMessage::Signal { .. }));
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        handler.join().unwrap();
     }
 
     #[test]
