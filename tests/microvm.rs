@@ -543,6 +543,36 @@ fn pause_freezes_the_workload_and_resume_lets_it_go_on() {
     f.agentvm(&["update", "--pids-limit", "77", id]).ok();
     let out = f.agentvm(&["exec", id, "cat", "/sys/fs/cgroup/pids.max"]);
     assert_one_clear_error(&f, &out, "cannot exec in a paused container");
+    // exec --ignore-paused waits, as runc's does, until resume, then runs;
+    // one whose caller goes away while it waits never runs.
+    let ignoring = |file: &str| {
+        f.command(&[
+            "exec",
+            "--ignore-paused",
+            id,
+            "sh",
+            "-c",
+            &format!("echo ran > /out/{file}; echo ran"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("agentvm exec")
+    };
+    let waiting = ignoring("ignored-pause");
+    let mut abandoned = ignoring("abandoned");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !common::process_gone(waiting.id() as i32),
+        "exec --ignore-paused returned while the container was paused"
+    );
+    abandoned.kill().expect("kill the abandoned exec");
+    abandoned.wait().expect("reap");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !out_dir(&f).join("ignored-pause").exists(),
+        "ran while paused"
+    );
     // A signal to a paused container is taken, and stays pending until
     // resume, as for a frozen process under runc.
     f.agentvm(&["kill", id, "TERM"]).ok();
@@ -550,9 +580,19 @@ fn pause_freezes_the_workload_and_resume_lets_it_go_on() {
     assert!(!out_dir(&f).join("term").exists(), "handled while paused");
     f.agentvm(&["resume", id]).ok();
     assert_eq!(f.state(id)["status"], "running");
+    let waited = waiting.wait_with_output().expect("exec --ignore-paused");
+    assert!(
+        waited.status.success() && waited.stdout == b"ran\n",
+        "exec --ignore-paused after resume: {waited:?}"
+    );
     assert!(
         wait_for(30, || (tick() > frozen + 2).then_some(())).is_some(),
         "the guest did not go on after resume"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !out_dir(&f).join("abandoned").exists(),
+        "an exec whose caller went away ran"
     );
     assert!(
         wait_for(30, || out_dir(&f).join("term").exists().then_some(())).is_some(),

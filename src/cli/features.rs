@@ -121,7 +121,7 @@ pub fn run(global: &GlobalOpts, _args: &FeaturesArgs) -> anyhow::Result<()> {
              microvm.memory_ceiling_mib (a balloon); a Kubernetes pod is one microVM (a CRI \
              pod's further containers run in its sandbox's VM, each in its own mount, pid and \
              cgroup namespaces); not implemented yet: joining host namespaces by path, \
-             update of vCPUs after create, exec --ignore-paused",
+             update of vCPUs after create",
             h.vmm_description(),
             h.accel.as_str(),
             h.accel_reason

@@ -27,6 +27,11 @@ pub enum SupervisorRequest {
         /// `exec --cgroup` values, applied in the guest.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         cgroup: Vec<String>,
+        /// `exec --ignore-paused`: into a paused container, the process
+        /// starts when the container is resumed (runc's waits frozen in its
+        /// cgroup till then), and the request is answered then.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ignore_paused: bool,
     },
     /// New cgroup limits for the container in the guest.
     Update {

@@ -26,6 +26,11 @@ use crate::protocol::{Frame, Kind, Reply, MAX_PAYLOAD};
 /// Status of an exec whose supervisor went away before the process ended.
 const RELAY_LOST_STATUS: i32 = 255;
 
+/// How long `exec --ignore-paused` waits for the supervisor's answer, which
+/// comes when the container is resumed: no bound in practice (a socket
+/// timeout cannot be "none" and still be set).
+const UNTIL_RESUMED: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// How the caller wants the exec'd process attached.
 pub struct ExecRequest<'a> {
     pub process: &'a oci_spec::runtime::Process,
@@ -62,16 +67,11 @@ pub fn exec(ctx: &Context, id: &str, req: ExecRequest) -> Result<u8> {
     if status == Status::Stopped {
         return Err(refused(STOPPED.to_string()));
     }
-    if state.paused {
-        // runc's --ignore-paused starts the process in the frozen cgroup,
-        // where it waits for resume; the guest's exec is not told to.
-        return Err(refused(if req.ignore_paused {
-            "cannot exec in a paused container: --ignore-paused is not supported by the \
-             microvm tier yet"
-                .to_string()
-        } else {
-            PAUSED.to_string()
-        }));
+    // runc's --ignore-paused starts the process in the frozen cgroup, where
+    // it waits for resume, and exec returns then: the supervisor holds the
+    // request until the container is resumed.
+    if state.paused && !req.ignore_paused {
+        return Err(refused(PAUSED.to_string()));
     }
     if !matches!(status, Status::Created | Status::Running) {
         return Err(refused(format!(
@@ -113,9 +113,16 @@ fn start_and_relay(ctx: &Context, id: &str, req: &ExecRequest, io: Io) -> Result
         SupervisorRequest::Exec {
             process: Box::new(req.process.clone()),
             cgroup: req.cgroup.to_vec(),
+            ignore_paused: req.ignore_paused,
         },
     );
-    let (conn, reply) = client::request(&dir, &target, &request, Duration::from_secs(60))?;
+    // A paused container may stay paused for as long as its owner likes:
+    // an exec that waits for resume waits as long.
+    let timeout = match req.ignore_paused {
+        true => UNTIL_RESUMED,
+        false => Duration::from_secs(60),
+    };
+    let (conn, reply) = client::request(&dir, &target, &request, timeout)?;
     match reply {
         Reply::Started { .. } => {}
         Reply::Error { message } => {

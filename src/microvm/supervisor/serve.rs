@@ -156,6 +156,13 @@ struct Shared {
     guest_ram: Mutex<Option<super::GuestRam>>,
     /// The pod's further containers in this VM, by host id.
     members: Mutex<std::collections::HashMap<String, Member>>,
+    /// The containers of this VM that are paused, by the stream of their
+    /// init (the VM's own is [`INIT_STREAM`]), as the guest answered pause
+    /// and resume; `thawed` wakes the execs that wait for a resume.
+    paused: Mutex<std::collections::HashSet<u32>>,
+    thawed: std::sync::Condvar,
+    /// Set once the workload ended: nothing is resumed any more.
+    ended: std::sync::atomic::AtomicBool,
     /// The VMM's own counters, where it keeps them, and the guest's names
     /// of its NICs in order.
     counters: Option<Arc<dyn crate::microvm::vmm::Counters>>,
@@ -215,6 +222,27 @@ impl Drop for Answering {
 }
 
 impl Shared {
+    /// Records that the container whose init is stream `init` was paused
+    /// or resumed, and wakes the execs waiting for a resume.
+    fn set_paused(&self, init: u32, paused: bool) {
+        if let Ok(mut set) = self.paused.lock() {
+            if paused {
+                set.insert(init);
+            } else {
+                set.remove(&init);
+            }
+        }
+        self.thawed.notify_all();
+    }
+
+    /// The workload ended: no exec waits for a resume any longer.
+    fn end(&self) {
+        self.ended.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Taking the lock orders the store before any waiter's next check.
+        drop(self.paused.lock());
+        self.thawed.notify_all();
+    }
+
     /// Waits, at most `limit`, until no CLI request is being answered.
     fn wait_for_answers(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
@@ -338,6 +366,9 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         answering: Default::default(),
         guest_ram: Mutex::new(guest_ram),
         members: Default::default(),
+        paused: Default::default(),
+        thawed: Default::default(),
+        ended: Default::default(),
         counters: vm.counters(),
         nic_names,
     });
@@ -354,7 +385,9 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
     }
 
     let mut oom_kills = None;
-    let status = match wait_for_end(&shared, &events, vm.as_mut(), terminal.as_ref()) {
+    let end = wait_for_end(&shared, &events, vm.as_mut(), terminal.as_ref());
+    shared.end();
+    let status = match end {
         End::Exited(status, ooms) => {
             // The workload is gone. Its cgroup's OOM-kill count came with
             // its exit and is kept for `events`, which must report a kill
@@ -652,8 +685,12 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
         _ => Some(Answering::begin(&shared)),
     };
     let reply = match req {
-        SupervisorRequest::Exec { process, cgroup } => {
-            return exec(shared, conn, process, cgroup, None);
+        SupervisorRequest::Exec {
+            process,
+            cgroup,
+            ignore_paused,
+        } => {
+            return exec(shared, conn, process, cgroup, None, ignore_paused);
         }
         SupervisorRequest::CreateMember {
             id,
@@ -666,8 +703,12 @@ fn handle_cli(shared: Arc<Shared>, mut conn: UnixStream) {
         SupervisorRequest::Member { id, request } => match member_stream(&shared, &id) {
             Err(message) => Ok(Reply::Error { message }),
             Ok(stream) => match *request {
-                SupervisorRequest::Exec { process, cgroup } => {
-                    return exec(shared, conn, process, cgroup, Some(stream));
+                SupervisorRequest::Exec {
+                    process,
+                    cgroup,
+                    ignore_paused,
+                } => {
+                    return exec(shared, conn, process, cgroup, Some(stream), ignore_paused);
                 }
                 request => answer_member(&shared, &id, stream, &request),
             },
@@ -712,8 +753,8 @@ fn answer(shared: &Shared, req: &SupervisorRequest) -> Result<Reply, String> {
         }),
         // The guest freezes the container's cgroup: the VM runs on, and
         // answers ps, stats and update as runc answers for a paused one.
-        SupervisorRequest::Pause => shared.request(&HostMessage::Pause),
-        SupervisorRequest::Resume => shared.request(&HostMessage::Resume),
+        SupervisorRequest::Pause => paused(shared, INIT_STREAM, true, HostMessage::Pause),
+        SupervisorRequest::Resume => paused(shared, INIT_STREAM, false, HostMessage::Resume),
         SupervisorRequest::Ps => shared.request(&HostMessage::Ps),
         SupervisorRequest::Stats => match shared.request(&HostMessage::Stats)? {
             Reply::Stats { stats, .. } => Ok(Reply::Stats {
@@ -725,6 +766,68 @@ fn answer(shared: &Shared, req: &SupervisorRequest) -> Result<Reply, String> {
         SupervisorRequest::Update { resources } => update(shared, resources),
         other => Err(format!("unexpected request {other:?}")),
     }
+}
+
+/// Asks the guest to pause or resume (`msg`) the container whose init is
+/// stream `init`, and records it when the guest did.
+fn paused(shared: &Shared, init: u32, pause: bool, msg: HostMessage) -> Result<Reply, String> {
+    let reply = shared.request(&msg)?;
+    if reply == Reply::Ok {
+        shared.set_paused(init, pause);
+    }
+    Ok(reply)
+}
+
+/// Before an exec into the container whose init is stream `init`: while
+/// it is paused, refused in runc's words, or, with `--ignore-paused`, held
+/// until it is resumed (runc's process waits frozen in the container's
+/// cgroup till then, and its exec returns then). The wait ends with an
+/// error if the workload ends or the caller hangs up first.
+fn wait_while_paused(
+    shared: &Shared,
+    conn: &UnixStream,
+    init: u32,
+    ignore_paused: bool,
+) -> Result<(), String> {
+    let mut paused = shared
+        .paused
+        .lock()
+        .map_err(|_| "paused poisoned".to_string())?;
+    if !paused.contains(&init) {
+        return Ok(());
+    }
+    if !ignore_paused {
+        return Err(crate::container::exec::PAUSED.to_string());
+    }
+    loop {
+        if shared.ended.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("the container stopped while the exec waited for it to be resumed".into());
+        }
+        if hung_up(conn) {
+            return Err("the exec's caller went away while it waited for resume".into());
+        }
+        if !paused.contains(&init) {
+            return Ok(());
+        }
+        paused = shared
+            .thawed
+            .wait_timeout(paused, Duration::from_millis(200))
+            .map_err(|_| "paused poisoned".to_string())?
+            .0;
+    }
+}
+
+/// Whether the other end of `conn` closed it.
+fn hung_up(conn: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: conn.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call; no wait.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
+    n > 0 && fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// The guest stream of member `id`'s init.
@@ -782,8 +885,8 @@ fn answer_member(
         SupervisorRequest::Update { resources } => shared.request(&member(MemberRequest::Update {
             resources: resources.clone(),
         })),
-        SupervisorRequest::Pause => shared.request(&member(MemberRequest::Pause)),
-        SupervisorRequest::Resume => shared.request(&member(MemberRequest::Resume)),
+        SupervisorRequest::Pause => paused(shared, stream, true, member(MemberRequest::Pause)),
+        SupervisorRequest::Resume => paused(shared, stream, false, member(MemberRequest::Resume)),
         other => Err(format!("not a request about a pod member: {other:?}")),
     }
 }
@@ -799,6 +902,9 @@ fn delete_member(shared: &Shared, id: &str) -> Result<Reply, String> {
         if let Ok(mut members) = shared.members.lock() {
             members.remove(id);
         }
+        // Gone, not paused: an exec waiting for its resume goes on, to the
+        // guest's refusal.
+        shared.set_paused(stream, false);
     }
     Ok(reply)
 }
@@ -911,7 +1017,14 @@ fn exec(
     process: Box<Process>,
     cgroup: Vec<String>,
     member: Option<u32>,
+    ignore_paused: bool,
 ) {
+    if let Err(message) =
+        wait_while_paused(&shared, &conn, member.unwrap_or(INIT_STREAM), ignore_paused)
+    {
+        let _ = Frame::control(&Reply::Error { message }).write_to(&mut conn);
+        return;
+    }
     let reserved = conn
         .try_clone()
         .map_err(|e| e.to_string())
@@ -1067,6 +1180,9 @@ mod tests {
             answering: Default::default(),
             guest_ram: Mutex::new(None),
             members: Default::default(),
+            paused: Default::default(),
+            thawed: Default::default(),
+            ended: Default::default(),
             counters,
             nic_names,
         });
@@ -1431,6 +1547,108 @@ mod tests {
         );
         f.send(&GuestMessage::Reply(Reply::Ok));
         assert_eq!(asker.join().unwrap(), Ok(Reply::Ok));
+    }
+
+    /// Starts `exec` of `true` on a socket pair (into the VM's own
+    /// container); returns the CLI's end.
+    fn exec_of_true(f: &Fixture, ignore_paused: bool) -> (UnixStream, std::thread::JoinHandle<()>) {
+        let (cli, supervisor_end) = UnixStream::pair().unwrap();
+        let shared = f.shared.clone();
+        let mut process = Process::default();
+        process.set_args(Some(vec!["true".into()]));
+        let handler = std::thread::spawn(move || {
+            exec(
+                shared,
+                supervisor_end,
+                Box::new(process),
+                Vec::new(),
+                None,
+                ignore_paused,
+            )
+        });
+        (cli, handler)
+    }
+
+    fn reply_on(conn: &mut UnixStream) -> Reply {
+        Frame::read_from(conn).unwrap().parse_control().unwrap()
+    }
+
+    /// Pauses (or resumes) the VM's own container, the guest agreeing.
+    fn set_paused_in(f: &mut Fixture, pause: bool) {
+        let shared = f.shared.clone();
+        let req = if pause {
+            SupervisorRequest::Pause
+        } else {
+            SupervisorRequest::Resume
+        };
+        let asker = std::thread::spawn(move || answer(&shared, &req));
+        let asked = f.next_request();
+        assert_eq!(
+            asked,
+            if pause {
+                HostMessage::Pause
+            } else {
+                HostMessage::Resume
+            }
+        );
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        assert_eq!(asker.join().unwrap(), Ok(Reply::Ok));
+    }
+
+    /// An exec into a paused container is refused in runc's words without
+    /// `--ignore-paused`; with it, nothing reaches the guest until the
+    /// container was resumed, and then the exec does (as runc's process
+    /// waits frozen until resume). A caller that hangs up, or the end of
+    /// the workload, ends the wait with nothing run.
+    #[test]
+    fn an_exec_into_a_paused_container_waits_for_resume_only_when_asked() {
+        let mut f = fixture();
+        set_paused_in(&mut f, true);
+        let (mut cli, handler) = exec_of_true(&f, false);
+        handler.join().unwrap();
+        assert_eq!(
+            reply_on(&mut cli),
+            Reply::Error {
+                message: crate::container::exec::PAUSED.into()
+            }
+        );
+        // Held: the next thing the guest hears is the resume, then the exec.
+        let (mut cli, handler) = exec_of_true(&f, true);
+        let (gone, gone_handler) = exec_of_true(&f, true);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!handler.is_finished() && !gone_handler.is_finished());
+        drop(gone);
+        gone_handler.join().unwrap();
+        set_paused_in(&mut f, false);
+        match f.next_request() {
+            HostMessage::Exec { process, .. } => {
+                assert_eq!(process.args().as_deref(), Some(&["true".to_string()][..]))
+            }
+            other => panic!("{other:?}"),
+        }
+        f.send(&GuestMessage::Reply(Reply::Started { pid: 5 }));
+        assert_eq!(reply_on(&mut cli), Reply::Started { pid: 5 });
+        // The caller that hung up got nothing run: the guest hears of its
+        // exec only when this one's caller goes too (its process killed).
+        drop(cli);
+        assert!(matches!(
+            f.next_request(),
+            HostMessage::Signal {
+                signal: SIGKILL,
+                ..
+            }
+        ));
+        f.send(&GuestMessage::Reply(Reply::Ok));
+        handler.join().unwrap();
+        // Paused again, and the workload ends: the waiting exec is refused.
+        set_paused_in(&mut f, true);
+        let (mut cli, handler) = exec_of_true(&f, true);
+        std::thread::sleep(Duration::from_millis(300));
+        f.shared.end();
+        handler.join().unwrap();
+        assert!(
+            matches!(reply_on(&mut cli), Reply::Error { message } if message.contains("stopped")),
+        );
     }
 
     /// A VMM that counts: one NIC, which the guest calls `net1`.

@@ -501,8 +501,25 @@ fn exec_states(ctx: &mut Ctx) -> Result<()> {
         255,
         "cannot exec in a paused container (use --ignore-paused to override)",
     );
+    // runc's --ignore-paused process waits, frozen, in the container's
+    // cgroup: exec returns only after resume, with the process's output.
+    let mut waiting =
+        ctx.rt
+            .spawn(&["exec", "--ignore-paused", &id, "/bin/echo", "after resume"])?;
+    let early = crate::runtime::wait_timeout(&mut waiting.child, Duration::from_secs(2))?;
+    ctx.check(
+        "exec --ignore-paused into a paused container waits for resume",
+        early.is_none(),
+        || format!("exec ended while paused: {early:?}"),
+    );
     let out = ctx.rt.run(&["resume", &id])?;
     anyhow::ensure!(out.success(), "resume: {}", out.describe());
+    let out = waiting.wait(Duration::from_secs(30))?;
+    ctx.check(
+        "exec --ignore-paused: the process runs after resume",
+        out.success() && out.stdout == "after resume\n",
+        || format!("{}; stdout {:?}", out.describe(), out.stdout),
+    );
 
     let out = ctx.rt.run(&["kill", &id, "KILL"])?;
     anyhow::ensure!(out.success(), "kill: {}", out.describe());
