@@ -181,6 +181,70 @@ fn a_container_takes_a_booted_vm_never_one_used_before_and_the_pool_refills() {
     drain_and_check(&f, &["pool-a", "pool-b"]);
 }
 
+/// The nice values of every thread of `pid` and its descendants.
+fn nice_values(pid: i32) -> Vec<(String, i64)> {
+    let mut all = Vec::new();
+    let mut pids = vec![pid];
+    while let Some(p) = pids.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            let Some((head, rest)) = stat.rsplit_once(')') else {
+                continue;
+            };
+            // Field 19 is the nice value; fields after the name start at 3.
+            if let Some(nice) = rest.split_whitespace().nth(16).and_then(|n| n.parse().ok()) {
+                let comm = head.split_once('(').map_or("", |(_, c)| c);
+                all.push((comm.to_string(), nice));
+            }
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            pids.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+    all
+}
+
+/// A pool boots in the background: its keeper, QEMU and virtiofsd wait at
+/// nice 19, so that a refill never takes the CPU from running containers;
+/// the VM a container takes runs, every thread of it, at the priority of
+/// the container's supervisor.
+#[test]
+fn a_pooled_vm_boots_at_low_priority_and_runs_at_its_container_s() {
+    let f = require!(pooled());
+    let _drain = Drain(&f);
+    let (_slot, keeper) = fill(&f);
+    let waiting = nice_values(keeper);
+    assert!(
+        waiting.iter().any(|(c, _)| c.starts_with("qemu")),
+        "{waiting:?}"
+    );
+    assert!(waiting.iter().all(|(_, n)| *n == 19), "{waiting:?}");
+    write_script(&f, "sleep 1000", None);
+    let out = f.create("pool-nice");
+    assert_eq!(out.code, 0, "{out}");
+    assert!(f.boot_parts("pool-nice").contains(&"pool".to_string()));
+    let supervisor = f.state("pool-nice")["pid"].as_i64().expect("pid") as i32;
+    let ours = nice_values(supervisor)
+        .first()
+        .map(|(_, n)| *n)
+        .expect("the supervisor's nice value");
+    let taken = nice_values(keeper);
+    assert!(
+        taken.iter().any(|(c, _)| c.starts_with("qemu")),
+        "{taken:?}"
+    );
+    assert!(taken.iter().all(|(_, n)| *n == ours), "{taken:?}");
+    let out = f.agentvm(&["delete", "--force", "pool-nice"]);
+    assert_eq!(out.code, 0, "{out}");
+    drain_and_check(&f, &["pool-nice"]);
+}
+
 #[test]
 fn a_container_that_does_not_fit_boots_its_own_vm_and_leaves_the_pool_alone() {
     let f = require!(pooled());

@@ -57,6 +57,12 @@ const KEEPER_SOCKET: &str = "keeper.sock";
 const KEEPER_LOG: &str = "keeper.log";
 /// The fd on which `pool fill --wait` hears whether a keeper's VM booted.
 const SYNC_FD: RawFd = 3;
+/// The nice value a keeper, its VM and its file server boot and wait at:
+/// a refill, started by the `create` that took a pooled VM, boots while
+/// that container starts and runs, and must not take the CPU from it (or
+/// from any container). The supervisor that claims the VM gives its
+/// threads the supervisor's own nice value back ([`set_nice`]).
+pub const KEEPER_NICE: i32 = 19;
 /// NICs a pooled VM boots with: its tap moves into the container's network
 /// namespace when the container takes it (a container with none leaves it
 /// unused, outside its own namespace in the guest).
@@ -389,10 +395,11 @@ fn start_keeper(
         let (read, write) = std::io::pipe().map_err(io("create a pipe"))?;
         let fd = write.as_raw_fd();
         // SAFETY: between fork and exec only async-signal-safe calls:
-        // setsid (the keeper leads its own session) and dup2.
+        // setsid (the keeper leads its own session), setpriority and dup2.
         unsafe {
             cmd.pre_exec(move || {
                 libc::setsid();
+                libc::setpriority(libc::PRIO_PROCESS, 0, KEEPER_NICE);
                 if libc::dup2(fd, SYNC_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -401,10 +408,11 @@ fn start_keeper(
         }
         Some((read, write))
     } else {
-        // SAFETY: setsid is async-signal-safe.
+        // SAFETY: setsid and setpriority are async-signal-safe.
         unsafe {
             cmd.pre_exec(|| {
                 libc::setsid();
+                libc::setpriority(libc::PRIO_PROCESS, 0, KEEPER_NICE);
                 Ok(())
             });
         }
@@ -762,9 +770,15 @@ fn move_in_inner(
     attached?;
     // The keeper, QEMU, virtiofsd and its sandbox: charged and limited
     // with the container, killed with it by `delete`.
+    // SAFETY: getpriority(2) of this thread; no memory is passed.
+    let ours = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
     for pid in descendants(claim.keeper.pid) {
         join_cgroup(pid)
             .map_err(|e| PoolError::Refused(format!("move pid {pid} into the cgroup: {e}")))?;
+        // The VM is the container's now: it runs as the supervisor does,
+        // not at the pool's background priority.
+        set_nice(pid, ours)
+            .map_err(|e| PoolError::Refused(format!("set the priority of pid {pid}: {e}")))?;
     }
     for entry in std::fs::read_dir(&claim.slot).map_err(io("read the slot"))? {
         let entry = entry.map_err(io("read the slot"))?;
@@ -780,6 +794,30 @@ fn move_in_inner(
             entry.path().display(),
             dir.display()
         )))?;
+    }
+    Ok(())
+}
+
+/// Gives every thread of process `pid` the nice value `nice` (Linux keeps
+/// it per thread: a process's threads took the value of the thread that
+/// made them).
+fn set_nice(pid: i32, nice: i32) -> std::io::Result<()> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let Some(tid) = task?
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: setpriority(2) on a thread id; no memory is passed.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // A thread that ended meanwhile has no priority to set.
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(e);
+            }
+        }
     }
     Ok(())
 }
