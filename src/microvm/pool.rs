@@ -768,10 +768,10 @@ fn move_in_inner(
     nix::sched::setns(&ours, nix::sched::CloneFlags::CLONE_NEWNS)
         .map_err(sys("return to our mount namespace"))?;
     attached?;
-    // The keeper, QEMU, virtiofsd and its sandbox: charged and limited
-    // with the container, killed with it by `delete`.
     // SAFETY: getpriority(2) of this thread; no memory is passed.
     let ours = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    // The keeper, QEMU, virtiofsd and its sandbox: charged and limited
+    // with the container, killed with it by `delete`.
     for pid in descendants(claim.keeper.pid) {
         join_cgroup(pid)
             .map_err(|e| PoolError::Refused(format!("move pid {pid} into the cgroup: {e}")))?;
