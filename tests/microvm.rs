@@ -138,12 +138,10 @@ fn run_boots_its_own_kernel_and_returns_the_exit_code() {
     // runc's default spec denies every device but the standard ones: the
     // rules are the guest's, and never reach the VMM's host cgroup (on
     // cgroup v2, as in the test host, they would keep /dev/kvm from it).
-    let config_path = f.bundle().join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&config_path).expect("config")).expect("json");
-    config["linux"]["resources"] =
-        serde_json::json!({"devices": [{"allow": false, "access": "rwm"}]});
-    std::fs::write(&config_path, config.to_string()).expect("config");
+    f.edit_config(|c| {
+        c["linux"]["resources"] =
+            serde_json::json!({"devices": [{"allow": false, "access": "rwm"}]});
+    });
     let out = f.agentvm(&["run", "--bundle", &bundle_arg(&f), "mv-run"]);
     assert_eq!(out.code, 7, "{out}");
     let lines: Vec<&str> = out.stdout.lines().collect();
@@ -345,13 +343,11 @@ fn a_state_root_below_a_directory_closed_to_the_jailed_supervisor() {
         &f,
         "cat /out/hook > /out/seen; while [ ! -e /out/go ]; do sleep 0.1; done; exit 7",
     );
-    let config_path = f.bundle().join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&config_path).expect("config")).expect("json");
-    config["hooks"] = serde_json::json!({"startContainer": [
-        {"path": "/bin/sh", "args": ["sh", "-c", "echo hooked > /out/hook"]}
-    ]});
-    std::fs::write(&config_path, config.to_string()).expect("config");
+    f.edit_config(|c| {
+        c["hooks"] = serde_json::json!({"startContainer": [
+            {"path": "/bin/sh", "args": ["sh", "-c", "echo hooked > /out/hook"]}
+        ]});
+    });
     use std::os::unix::fs::PermissionsExt;
     let closed = |mode| {
         std::fs::set_permissions(f.dir.path(), std::fs::Permissions::from_mode(mode))
@@ -387,11 +383,9 @@ fn update_gives_the_guest_more_ram_up_to_the_configured_ceiling() {
     std::fs::write(&config, format!("{base}memory_ceiling_mib = 1024\n")).expect("write");
     let id = "mvm-ceiling";
     write_script(&f, "echo up > /out/up; exec sleep 1000");
-    let bundle = f.bundle().join("config.json");
-    let mut spec: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&bundle).expect("config.json")).expect("json");
-    spec["linux"]["resources"]["memory"] = serde_json::json!({"limit": 100u64 << 20});
-    std::fs::write(&bundle, spec.to_string()).expect("write config.json");
+    f.edit_config(|c| {
+        c["linux"]["resources"]["memory"] = serde_json::json!({"limit": 100u64 << 20});
+    });
     f.create(id).ok();
     f.agentvm(&["start", id]).ok();
     wait_for_file(&f, "up");

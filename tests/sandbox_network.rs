@@ -78,14 +78,7 @@ fn microvm_in() -> Result<Fixture, String> {
 
 /// Adds `mounts` to the fixture's bundle.
 fn add_mounts<const N: usize>(f: &Fixture, mounts: [serde_json::Value; N]) {
-    let path = f.bundle().join("config.json");
-    let text = std::fs::read_to_string(&path).expect("config");
-    let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
-    config["mounts"]
-        .as_array_mut()
-        .expect("mounts")
-        .extend(mounts);
-    std::fs::write(&path, serde_json::to_vec_pretty(&config).expect("json")).expect("write config");
+    f.edit_config(|c| c["mounts"].as_array_mut().expect("mounts").extend(mounts));
 }
 
 /// The container tier, writing its audit trail in the fixture.

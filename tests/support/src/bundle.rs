@@ -121,6 +121,17 @@ impl Fixture {
         .expect("write config");
     }
 
+    /// Changes the bundle's config.json as it is now (after
+    /// [`Fixture::write_config`] or a helper built on it).
+    pub fn edit_config(&self, edit: impl FnOnce(&mut serde_json::Value)) {
+        let path = self.bundle().join("config.json");
+        let text = std::fs::read(&path).expect("read config.json");
+        let mut config: serde_json::Value = serde_json::from_slice(&text).expect("config json");
+        edit(&mut config);
+        std::fs::write(&path, serde_json::to_vec_pretty(&config).expect("json"))
+            .expect("write config.json");
+    }
+
     /// The agentvm command for `args` with this fixture's state root, log
     /// and global flags, for a test that runs it its own way (and tells an
     /// exit code from a death by signal, which [`Fixture::agentvm`] folds
