@@ -35,9 +35,9 @@
 # then (docs/testing.md, "The test host"): when a boot fails, the test host
 # boots again with only the items that did not pass, up to
 # TESTHOST_ATTEMPTS boots, each failure printed with its console. An item
-# that reports a failure twice is not tried again: a fault of ours fails
-# every boot, and a flaky test of ours fails twice far more often than the
-# emulation hits the same test twice.
+# that reports a failure three times is not tried again: a fault of ours
+# fails every boot, while the emulation's faults come in spells that can
+# hit the same test in two boots in a row (docs/testing.md).
 #
 # Environment: TESTHOST_KERNEL (the test host's vmlinux; default: what
 # `kernels/build.sh --flavor testhost` prints, building it if needed),
@@ -45,13 +45,15 @@
 # prints), AGENTVM_TSC_KHZ (host TSC in kHz), TESTHOST_TIMEOUT (seconds
 # before QEMU is killed, default 1500), TESTHOST_LOG (a file to copy the
 # console to; each boot's goes to TESTHOST_LOG.N), TESTHOST_ATTEMPTS (boots
-# of the test host before a failure stands, default 3), TESTHOST_APPEND
+# of the test host before a failure stands, default 4), TESTHOST_APPEND
 # (more test-host kernel parameters), TESTHOST_ONLY (an extended regular
 # expression: only the items whose names match run, for a developer's
 # repeated runs; `make test-builtin` leaves it unset).
 set -euo pipefail
 
 readonly MARK=agentvm-testhost
+# Failures after which an item is not tried again (see the top).
+readonly MAX_FAILURES=3
 # The builtin VMM's tests in agentvm's unit-test binary that need a
 # hardware-style KVM (module paths; each test in them is an item).
 readonly KVM_MODULE=microvm::vmm::builtin::kvm_tests
@@ -493,7 +495,7 @@ main() {
     list_items "$tests"
     [[ ${#item_names[@]} != 0 ]] || { fail "no item matches TESTHOST_ONLY=${TESTHOST_ONLY:-}"; finish; }
     log "test host kernel $host_kernel, guest kernel $guest_kernel, tests $tests, items: ${#item_names[@]}"
-    local attempt attempts=${TESTHOST_ATTEMPTS:-3} i
+    local attempt attempts=${TESTHOST_ATTEMPTS:-4} i
     pending=("${!item_names[@]}")
     for ((attempt = 1; attempt <= attempts; attempt++)); do
         write_plan "$tmp/root/plan"
@@ -503,10 +505,11 @@ main() {
         local left=()
         for i in "${pending[@]}"; do
             name=${item_names[i]}
-            # An item that failed twice on its own has had its chance: an
-            # emulation fault hits the same test twice rarely, a flaky
-            # test of ours often.
-            [[ -n ${passed_in[$name]:-} || ${failures[$name]:-0} -ge 2 ]] || left+=("$i")
+            # An item that failed three times on its own has had its
+            # chance: a fault of ours fails every boot; the emulation's
+            # spells have hit one test in two boots in a row, never yet
+            # in three.
+            [[ -n ${passed_in[$name]:-} || ${failures[$name]:-0} -ge $MAX_FAILURES ]] || left+=("$i")
         done
         pending=("${left[@]}")
         [[ ${#pending[@]} != 0 || $boot_clean == 0 ]] || break
