@@ -43,8 +43,10 @@
 # `kernels/build.sh --flavor testhost` prints, building it if needed),
 # AGENTVM_KERNEL (the guest kernel; default: what `kernels/build.sh`
 # prints), AGENTVM_TSC_KHZ (host TSC in kHz), TESTHOST_TIMEOUT (seconds
-# before QEMU is killed, default 1500), TESTHOST_LOG (a file to copy the
-# console to; each boot's goes to TESTHOST_LOG.N), TESTHOST_ATTEMPTS (boots
+# before QEMU is killed, default 1500), TESTHOST_SILENCE (seconds of a
+# silent console before QEMU is stopped, default 420), TESTHOST_LOG (a
+# file to copy the console to; each boot's goes to TESTHOST_LOG.N),
+# TESTHOST_ATTEMPTS (boots
 # of the test host before a failure stands, default 4), TESTHOST_APPEND
 # (more test-host kernel parameters), TESTHOST_ONLY (an extended regular
 # expression: only the items whose names match run, for a developer's
@@ -87,6 +89,11 @@ timeout_s=${TESTHOST_TIMEOUT:-1500}
 # takes seconds, a Linux guest's up to a minute; a hung one must not hold
 # the whole run).
 readonly ITEM_TIMEOUT=300
+# Seconds the test host may print nothing before its boot is stopped: an
+# item prints as it goes or is killed (and reported) after ITEM_TIMEOUT,
+# so a console silent for longer is a test host that died or hung (an
+# oops in a vCPU thread has hung one until the boot's own timeout).
+readonly SILENCE_TIMEOUT=${TESTHOST_SILENCE:-$((ITEM_TIMEOUT + 120))}
 passed=0
 failed=0
 
@@ -315,20 +322,39 @@ boot_testhost() {
     local tmp=$1 attempt=$2
     shift 2
     local t_start t_boot="" t_end line qemu_rc
-    rm -f "$tmp/t_boot" "$tmp/console.log" "$tmp/qemu.err"
+    rm -f "$tmp/t_boot" "$tmp/console.log" "$tmp/qemu.err" "$tmp/qemu.pid" "$tmp/silent"
     t_start=$EPOCHREALTIME
     set +e
-    timeout --kill-after=5 "$timeout_s" "$@" </dev/null 2>"$tmp/qemu.err" |
-        while IFS= read -r line; do
-            line=${line%$'\r'}
-            if [[ ! -e $tmp/t_boot && $line == "$MARK: booted "* ]]; then
-                printf '%s\n' "$EPOCHREALTIME" >"$tmp/t_boot"
+    # The shell records its pid and becomes timeout(1), which passes a
+    # TERM on to QEMU: how a silent test host is stopped.
+    sh -c 'echo $$ >"$1"; shift; exec "$@"' sh "$tmp/qemu.pid" \
+        timeout --kill-after=5 "$timeout_s" "$@" </dev/null 2>"$tmp/qemu.err" |
+        while :; do
+            if IFS= read -r -t "$SILENCE_TIMEOUT" line; then
+                line=${line%$'\r'}
+                if [[ ! -e $tmp/t_boot && $line == "$MARK: booted "* ]]; then
+                    printf '%s\n' "$EPOCHREALTIME" >"$tmp/t_boot"
+                fi
+                printf '%s\n' "$line" >>"$tmp/console.log"
+                printf '  | %s\n' "$line"
+            elif (($? > 128)); then
+                # Silent: stopped with TERM, then KILL if it is silent
+                # again; the loop reads what is left until the pipe ends.
+                if [[ -e $tmp/silent ]]; then
+                    # timeout(1) leads a process group of its own.
+                    kill -KILL -- "-$(cat "$tmp/qemu.pid")" 2>/dev/null
+                else
+                    touch "$tmp/silent"
+                    kill -TERM "$(cat "$tmp/qemu.pid")" 2>/dev/null
+                fi
+            else
+                break
             fi
-            printf '%s\n' "$line" >>"$tmp/console.log"
-            printf '  | %s\n' "$line"
         done
     qemu_rc=${PIPESTATUS[0]}
     set -e
+    [[ ! -e $tmp/silent ]] ||
+        log "boot $attempt: FAIL the test host printed nothing for ${SILENCE_TIMEOUT} s: QEMU stopped"
     t_end=$EPOCHREALTIME
     t_boot=$(cat "$tmp/t_boot" 2>/dev/null || true)
     [[ -z ${TESTHOST_LOG:-} ]] || cp "$tmp/console.log" "$TESTHOST_LOG.$attempt"
