@@ -46,11 +46,11 @@
 # before QEMU is killed, default 1500), TESTHOST_SILENCE (seconds of a
 # silent console before QEMU is stopped, default 420), TESTHOST_LOG (a
 # file to copy the console to; each boot's goes to TESTHOST_LOG.N),
-# TESTHOST_ATTEMPTS (boots
-# of the test host before a failure stands, default 4), TESTHOST_APPEND
-# (more test-host kernel parameters), TESTHOST_ONLY (an extended regular
-# expression: only the items whose names match run, for a developer's
-# repeated runs; `make test-builtin` leaves it unset).
+# TESTHOST_ATTEMPTS (boots of the test host before a failure stands,
+# default 4), TESTHOST_APPEND (more test-host kernel parameters),
+# TESTHOST_ONLY (an extended regular expression: only the items whose
+# names match run, for a developer's repeated runs; `make test-builtin`
+# leaves it unset).
 set -euo pipefail
 
 readonly MARK=agentvm-testhost
