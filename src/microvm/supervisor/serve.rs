@@ -156,13 +156,10 @@ struct Shared {
     guest_ram: Mutex<Option<super::GuestRam>>,
     /// The pod's further containers in this VM, by host id.
     members: Mutex<std::collections::HashMap<String, Member>>,
-    /// The containers of this VM that are paused, by the stream of their
-    /// init (the VM's own is [`INIT_STREAM`]), as the guest answered pause
-    /// and resume; `thawed` wakes the execs that wait for a resume.
-    paused: Mutex<std::collections::HashSet<u32>>,
+    /// Which containers of this VM are paused, and whether the workload
+    /// ended; `thawed` wakes the execs that wait for a resume.
+    paused: Mutex<Paused>,
     thawed: std::sync::Condvar,
-    /// Set once the workload ended: nothing is resumed any more.
-    ended: std::sync::atomic::AtomicBool,
     /// The VMM's own counters, where it keeps them, and the guest's names
     /// of its NICs in order.
     counters: Option<Arc<dyn crate::microvm::vmm::Counters>>,
@@ -221,15 +218,25 @@ impl Drop for Answering {
     }
 }
 
+/// What an exec that waits for a resume watches.
+#[derive(Default)]
+struct Paused {
+    /// The paused containers, by the stream of their init (the VM's own is
+    /// [`INIT_STREAM`]), as the guest answered pause and resume.
+    streams: std::collections::HashSet<u32>,
+    /// The workload ended: nothing is resumed any more.
+    ended: bool,
+}
+
 impl Shared {
     /// Records that the container whose init is stream `init` was paused
     /// or resumed, and wakes the execs waiting for a resume.
     fn set_paused(&self, init: u32, paused: bool) {
-        if let Ok(mut set) = self.paused.lock() {
+        if let Ok(mut state) = self.paused.lock() {
             if paused {
-                set.insert(init);
+                state.streams.insert(init);
             } else {
-                set.remove(&init);
+                state.streams.remove(&init);
             }
         }
         self.thawed.notify_all();
@@ -237,9 +244,9 @@ impl Shared {
 
     /// The workload ended: no exec waits for a resume any longer.
     fn end(&self) {
-        self.ended.store(true, std::sync::atomic::Ordering::SeqCst);
-        // Taking the lock orders the store before any waiter's next check.
-        drop(self.paused.lock());
+        if let Ok(mut state) = self.paused.lock() {
+            state.ended = true;
+        }
         self.thawed.notify_all();
     }
 
@@ -368,7 +375,6 @@ pub fn serve(args: &Args, booted: Booted) -> i32 {
         members: Default::default(),
         paused: Default::default(),
         thawed: Default::default(),
-        ended: Default::default(),
         counters: vm.counters(),
         nic_names,
     });
@@ -793,20 +799,20 @@ fn wait_while_paused(
         .paused
         .lock()
         .map_err(|_| "paused poisoned".to_string())?;
-    if !paused.contains(&init) {
+    if !paused.streams.contains(&init) {
         return Ok(());
     }
     if !ignore_paused {
         return Err(crate::container::exec::PAUSED.to_string());
     }
     loop {
-        if shared.ended.load(std::sync::atomic::Ordering::SeqCst) {
+        if paused.ended {
             return Err("the container stopped while the exec waited for it to be resumed".into());
         }
         if hung_up(conn) {
             return Err("the exec's caller went away while it waited for resume".into());
         }
-        if !paused.contains(&init) {
+        if !paused.streams.contains(&init) {
             return Ok(());
         }
         paused = shared
@@ -1182,7 +1188,6 @@ mod tests {
             members: Default::default(),
             paused: Default::default(),
             thawed: Default::default(),
-            ended: Default::default(),
             counters,
             nic_names,
         });
