@@ -184,8 +184,7 @@ fn a_container_takes_a_booted_vm_never_one_used_before_and_the_pool_refills() {
 /// The nice values of every thread of `pid` and its descendants.
 fn nice_values(pid: i32) -> Vec<(String, i64)> {
     let mut all = Vec::new();
-    let mut pids = vec![pid];
-    while let Some(p) = pids.pop() {
+    for p in common::cmd::descendants(pid as u32) {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
             continue;
         };
@@ -199,12 +198,6 @@ fn nice_values(pid: i32) -> Vec<(String, i64)> {
                 let comm = head.split_once('(').map_or("", |(_, c)| c);
                 all.push((comm.to_string(), nice));
             }
-            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            pids.extend(
-                children
-                    .split_whitespace()
-                    .filter_map(|c| c.parse::<i32>().ok()),
-            );
         }
     }
     all
