@@ -111,6 +111,13 @@ fn exec_runs_inside_the_container() {
         id.out().starts_with("uid=1000(user) gid=1000(user)"),
         "{id}"
     );
+    // As under runc: Docker's seccomp profile, without no_new_privs
+    // (Docker asks for none), so set-uid programs such as sudo work.
+    let status = ["grep", "-E", "^(NoNewPrivs|Seccomp):", "/proc/self/status"];
+    for user in ["0", "1000"] {
+        let out = c.exec(&["-u", user], &status).ok();
+        assert_eq!(out.stdout, "NoNewPrivs:\t0\nSeccomp:\t2\n", "{out}");
+    }
 }
 
 #[test]

@@ -130,6 +130,13 @@ fn exec_runs_inside_the_guest() {
     c.exec(&[], &["sh", "-c", "exit 7"]).code(7);
     let id = c.exec(&["-u", "1000:1000"], &["id"]).ok();
     assert!(id.out().starts_with("uid=1000"), "{id}");
+    // As under runc: Docker's seccomp profile, without no_new_privs
+    // (Docker asks for none), so set-uid programs such as sudo work.
+    let status = ["grep", "-E", "^(NoNewPrivs|Seccomp):", "/proc/self/status"];
+    for user in ["0", "1000"] {
+        let out = c.exec(&["-u", user], &status).ok();
+        assert_eq!(out.stdout, "NoNewPrivs:\t0\nSeccomp:\t2\n", "{out}");
+    }
     let input = b"one\ntwo\n";
     let exec = ["exec", "-i", c.name.as_str(), "wc", "-l"];
     let out = common::cmd::run_with(

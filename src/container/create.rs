@@ -75,6 +75,18 @@ pub fn create(
         ContainerError::Libcontainer(format!("cannot find this program's path: {e}"))
     })?;
     hooks::wrap(&mut spec, &exe, &hook_errors);
+    // runc reads `noNewPrivileges: false` as no field at all. libcontainer
+    // puts the seccomp filter on before it drops the capabilities only
+    // when the field is absent: with `false` it loaded the filter after,
+    // without CAP_SYS_ADMIN, and `create` failed ("failed to load seccomp
+    // context") where runc runs the container.
+    if let Some(process) = spec
+        .process_mut()
+        .as_mut()
+        .filter(|p| p.no_new_privileges() == Some(false))
+    {
+        process.set_no_new_privileges(None);
+    }
     if let Some(seccomp) = spec
         .linux_mut()
         .as_mut()

@@ -13,7 +13,7 @@ use super::cgroups::{self, JoinCgroups};
 use super::console::SizedExec;
 use super::notify;
 use super::overlay::Overlay;
-use super::workload::Workload;
+use super::workload::{CapsAfterSeccomp, Workload};
 use super::{lc_error, lsm, ContainerError};
 use crate::context::Context;
 
@@ -60,13 +60,32 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
             })
         }
     }
-    if let Some(path) = &opts.process {
-        lsm::check_process(&read_process(path)?, lsm::selinux_enabled())?;
-    }
+    let process = match &opts.process {
+        Some(path) => {
+            let process = read_process(path)?;
+            lsm::check_process(&process, lsm::selinux_enabled())?;
+            Some((path, process))
+        }
+        None => None,
+    };
     let config = container.bundle().join("config.json");
     let (spec, dropped_caps) = crate::bundle::Bundle::read_spec(&config)
         .map_err(|e| ContainerError::Libcontainer(e.to_string()))?;
     let seccomp = container_seccomp(&spec);
+    // runc's order under a seccomp profile (see CapsAfterSeccomp): the
+    // tenant reads a copy of the process with CAP_SYS_ADMIN kept.
+    let mut caps_after_seccomp = None;
+    let mut process_copy = None;
+    if let (Some(_), Some((path, mut process))) = (&seccomp, process) {
+        caps_after_seccomp = CapsAfterSeccomp::plan(&mut process);
+        if caps_after_seccomp.is_some() {
+            process_copy = Some(ScratchFile::write(path, &process)?);
+        }
+    }
+    let process_path = process_copy
+        .as_ref()
+        .map(|c| c.0.clone())
+        .or(opts.process.clone());
     let (notify, forward) = notify::prepare(seccomp.as_ref())?;
     let join_cgroups = if opts.sub_cgroup.is_empty() {
         JoinCgroups::default()
@@ -92,6 +111,7 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
             seccomp,
             join_cgroups,
             notify,
+            caps_after_seccomp,
         }))
         .with_root_path(root)
         .map_err(lc_error)?
@@ -106,7 +126,7 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
         .with_detach(opts.detach)
         .with_cwd(opts.cwd.as_ref())
         .with_env(opts.env)
-        .with_process(opts.process.as_ref())
+        .with_process(process_path.as_ref())
         .with_no_new_privs(opts.no_new_privs)
         .with_capabilities(opts.caps)
         .with_container_args(opts.args)
@@ -115,6 +135,7 @@ pub fn exec(ctx: &Context, id: &str, opts: ExecOptions) -> Result<Pid, Container
         .with_group(opts.group)
         .with_ignore_paused(opts.ignore_paused);
     let pid = tenant.build().map_err(lc_error)?;
+    drop(process_copy);
     if let Some(forward) = forward {
         // The builder (and the executor's end of the pair) is gone now, so
         // a process that died before its filter ends the wait.
@@ -226,6 +247,30 @@ fn config_overlay(
 
 /// libcontainer's copy of the container's config in its state directory.
 const YOUKI_CONFIG: &str = "youki_config.json";
+
+/// A copy of the `--process` file beside it, removed when dropped.
+struct ScratchFile(PathBuf);
+
+impl ScratchFile {
+    fn write(beside: &Path, process: &Process) -> Result<ScratchFile, ContainerError> {
+        let mut name = beside.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".{}.caps", std::process::id()));
+        let path = beside.with_file_name(name);
+        let err = |source: std::io::Error| ContainerError::Write {
+            path: path.clone(),
+            source,
+        };
+        let json = serde_json::to_vec(process).map_err(|e| err(e.into()))?;
+        std::fs::write(&path, json).map_err(err)?;
+        Ok(ScratchFile(path))
+    }
+}
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
 
 fn read_process(path: &std::path::Path) -> Result<Process, ContainerError> {
     let err = |message: String| ContainerError::ProcessFile {

@@ -3,11 +3,13 @@
 
 use std::collections::HashMap;
 
+use caps::{CapSet, CapsHashSet};
+use libcontainer::capabilities::CapabilityExt;
 use libcontainer::workload::default::DefaultExecutor;
 use libcontainer::workload::{
     Executor, ExecutorError, ExecutorSetEnvsError, ExecutorValidationError,
 };
-use oci_spec::runtime::{LinuxSeccomp, Spec};
+use oci_spec::runtime::{Capability, LinuxSeccomp, Process, Spec};
 
 use super::cgroups::JoinCgroups;
 use super::notify::NotifyFdSender;
@@ -18,8 +20,11 @@ use super::notify::NotifyFdSender;
 /// - for `exec`, installs the container's seccomp profile, which
 ///   libcontainer leaves out of an exec'd process's spec, so that `exec`
 ///   never runs with fewer restrictions than the container's init.
-///   Installing a filter needs CAP_SYS_ADMIN or no_new_privs: a process with
-///   neither gets no_new_privs (stricter than runc, never weaker);
+///   Installing a filter needs CAP_SYS_ADMIN or no_new_privs. As runc
+///   without no_new_privs, the filter goes on while the process still
+///   holds CAP_SYS_ADMIN and its own capabilities are set after it (see
+///   [`CapsAfterSeccomp`]); a process that has neither even so gets
+///   no_new_privs (stricter than runc, never weaker);
 /// - for `exec --cgroup`, moves the process into the sub-cgroups agentvm
 ///   opened for it.
 #[derive(Clone, Default)]
@@ -30,6 +35,78 @@ pub struct Workload {
     /// `exec` under a profile with `SCMP_ACT_NOTIFY`: where the notify fd
     /// goes (see [`super::notify`]).
     pub notify: NotifyFdSender,
+    /// The process's own capabilities, set once its seccomp filter is on.
+    pub caps_after_seccomp: Option<CapsAfterSeccomp>,
+}
+
+/// runc's order for an `exec` without no_new_privs under a seccomp profile:
+/// the filter goes on while the process still holds CAP_SYS_ADMIN, and its
+/// capabilities are set after it.
+///
+/// libcontainer's tenant sets the process's capabilities before the
+/// executor runs, and installing a filter needs CAP_SYS_ADMIN or
+/// no_new_privs. Setting no_new_privs instead (what this tier did) kept the
+/// filter but broke every set-uid program in `docker exec`, whose
+/// processes never ask for no_new_privs: `sudo` in `docker exec -u 1000`
+/// failed where runc runs it. So [`CapsAfterSeccomp::plan`] hands
+/// libcontainer the process with CAP_SYS_ADMIN added to its effective and
+/// permitted sets (never to the bounding, inheritable or ambient sets), and
+/// [`Workload`] sets the process's own sets right after the filter, before
+/// the exec.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CapsAfterSeccomp {
+    effective: CapsHashSet,
+    /// `None`: libcontainer leaves the permitted set as it is, or the
+    /// process's own already holds CAP_SYS_ADMIN.
+    permitted: Option<CapsHashSet>,
+}
+
+impl CapsAfterSeccomp {
+    /// For a process about to get a seccomp filter: when it would have
+    /// neither CAP_SYS_ADMIN nor no_new_privs, adds CAP_SYS_ADMIN to its
+    /// effective and permitted sets and returns the sets to restore.
+    pub fn plan(process: &mut Process) -> Option<CapsAfterSeccomp> {
+        if process.no_new_privileges() == Some(true) {
+            return None;
+        }
+        let mut caps = process.capabilities().clone()?;
+        // Without an effective set libcontainer leaves the process every
+        // permitted capability, CAP_SYS_ADMIN included.
+        let mut effective = caps.effective().clone()?;
+        if effective.contains(&Capability::SysAdmin) {
+            return None;
+        }
+        let restore = CapsAfterSeccomp {
+            effective: to_set(&effective),
+            permitted: caps
+                .permitted()
+                .as_ref()
+                .filter(|p| !p.contains(&Capability::SysAdmin))
+                .map(to_set),
+        };
+        effective.insert(Capability::SysAdmin);
+        caps.set_effective(Some(effective));
+        if let Some(mut permitted) = caps.permitted().clone() {
+            permitted.insert(Capability::SysAdmin);
+            caps.set_permitted(Some(permitted));
+        }
+        process.set_capabilities(Some(caps));
+        Some(restore)
+    }
+
+    /// Sets the process's own sets: effective first, as libcontainer does,
+    /// since it must stay within the permitted one.
+    fn apply(&self) -> Result<(), caps::errors::CapsError> {
+        caps::set(None, CapSet::Effective, &self.effective)?;
+        if let Some(permitted) = &self.permitted {
+            caps::set(None, CapSet::Permitted, permitted)?;
+        }
+        Ok(())
+    }
+}
+
+fn to_set(caps: &oci_spec::runtime::Capabilities) -> CapsHashSet {
+    caps.iter().map(CapabilityExt::to_cap).collect()
 }
 
 /// Gives the process every signal at its default disposition and an empty
@@ -90,6 +167,10 @@ impl Executor for Workload {
             self.notify.send(notify_fd).map_err(|e| {
                 ExecutorError::Other(format!("cannot pass on the seccomp notify fd: {e}"))
             })?;
+            if let Some(caps) = &self.caps_after_seccomp {
+                caps.apply()
+                    .map_err(|e| ExecutorError::Other(format!("unable to apply caps: {e}")))?;
+            }
         }
         DefaultExecutor {}.exec(spec)
     }
@@ -168,7 +249,96 @@ pub fn look_path(name: &str, path: Option<&str>) -> Result<(), String> {
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
-    use super::look_path;
+    use caps::{Capability as Cap, CapsHashSet};
+    use oci_spec::runtime::{Capability, LinuxCapabilitiesBuilder, Process};
+
+    use super::{look_path, CapsAfterSeccomp};
+
+    fn process(effective: &[Capability], permitted: Option<&[Capability]>) -> Process {
+        let default = [Capability::Chown, Capability::Kill];
+        let mut caps = LinuxCapabilitiesBuilder::default()
+            .bounding(
+                default
+                    .into_iter()
+                    .collect::<oci_spec::runtime::Capabilities>(),
+            )
+            .effective(
+                effective
+                    .iter()
+                    .copied()
+                    .collect::<oci_spec::runtime::Capabilities>(),
+            )
+            .build()
+            .unwrap();
+        caps.set_permitted(permitted.map(|p| p.iter().copied().collect()));
+        let mut p = Process::default();
+        p.set_no_new_privileges(None);
+        p.set_capabilities(Some(caps));
+        p
+    }
+
+    #[test]
+    fn the_filter_goes_on_before_the_capabilities_without_no_new_privs() {
+        let default = [Capability::Chown, Capability::Kill];
+        let mut p = process(&default, Some(&default));
+        let before = p.capabilities().clone().unwrap();
+        let plan = CapsAfterSeccomp::plan(&mut p).expect("a plan");
+        let caps = p.capabilities().clone().unwrap();
+        // libcontainer leaves CAP_SYS_ADMIN in the effective and permitted
+        // sets, never in the bounding one (nor inheritable or ambient).
+        for set in [caps.effective(), caps.permitted()] {
+            let set = set.clone().unwrap();
+            assert!(set.contains(&Capability::SysAdmin));
+            assert_eq!(set.len(), 3);
+        }
+        assert_eq!(caps.bounding(), before.bounding());
+        assert_eq!(caps.inheritable(), before.inheritable());
+        assert_eq!(caps.ambient(), before.ambient());
+        // What is set after the filter is the process's own.
+        let own: CapsHashSet = [Cap::CAP_CHOWN, Cap::CAP_KILL].into_iter().collect();
+        assert_eq!(
+            plan,
+            CapsAfterSeccomp {
+                effective: own.clone(),
+                permitted: Some(own),
+            }
+        );
+    }
+
+    #[test]
+    fn no_plan_when_the_filter_can_go_on_anyway() {
+        // no_new_privs: the filter needs no CAP_SYS_ADMIN.
+        let mut p = process(&[Capability::Chown], None);
+        p.set_no_new_privileges(Some(true));
+        let before = p.clone();
+        assert_eq!(CapsAfterSeccomp::plan(&mut p), None);
+        assert_eq!(p, before);
+        // The process keeps CAP_SYS_ADMIN itself.
+        let mut p = process(&[Capability::SysAdmin], None);
+        assert_eq!(CapsAfterSeccomp::plan(&mut p), None);
+        // No effective set: libcontainer leaves it as it is, full.
+        let mut p = Process::default();
+        p.set_capabilities(Some(LinuxCapabilitiesBuilder::default().build().unwrap()));
+        assert_eq!(CapsAfterSeccomp::plan(&mut p), None);
+        // `false` is no field at all (runc).
+        let mut p = process(&[Capability::Chown], None);
+        p.set_no_new_privileges(Some(false));
+        assert!(CapsAfterSeccomp::plan(&mut p).is_some());
+    }
+
+    #[test]
+    fn a_permitted_set_with_sys_admin_or_none_is_left_alone() {
+        let mut p = process(&[Capability::Chown], None);
+        let plan = CapsAfterSeccomp::plan(&mut p).unwrap();
+        assert_eq!(plan.permitted, None);
+        assert!(p.capabilities().clone().unwrap().permitted().is_none());
+        let mut p = process(
+            &[Capability::Chown],
+            Some(&[Capability::Chown, Capability::SysAdmin]),
+        );
+        let plan = CapsAfterSeccomp::plan(&mut p).unwrap();
+        assert_eq!(plan.permitted, None);
+    }
 
     #[test]
     fn the_executable_is_looked_up_with_runc_s_messages() {

@@ -301,12 +301,25 @@ impl<'a> Ctx<'a> {
         exp: &Expectations,
         opts: &[&str],
     ) -> Result<Output> {
+        self.exec_checker_at(b, id, exp, opts, CHECKER_PATH)
+    }
+
+    /// As [`Ctx::exec_checker`], with the checker at `checker` in the
+    /// container (a copy with other modes).
+    pub fn exec_checker_at(
+        &mut self,
+        b: &Bundle,
+        id: &str,
+        exp: &Expectations,
+        opts: &[&str],
+        checker: &str,
+    ) -> Result<Output> {
         self.seq += 1;
         let path = format!("/oci-expect-exec-{}.json", self.seq);
         b.write_expect_at(&path, exp)?;
         let mut args = vec!["exec"];
         args.extend_from_slice(opts);
-        args.extend_from_slice(&[id, CHECKER_PATH, path.as_str()]);
+        args.extend_from_slice(&[id, checker, path.as_str()]);
         let out = self.rt.run(&args)?;
         self.record_lines(exp, &out.stdout, &out.describe());
         Ok(out)

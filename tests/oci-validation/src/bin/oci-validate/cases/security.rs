@@ -4,15 +4,18 @@ use std::path::Path;
 
 use anyhow::Result;
 use oci_validation::expect::{Check, Expectations, Probe};
+use oci_validation::CHECKER_PATH;
 use serde_json::{json, Value};
 
 use super::{CaseFn, Ctx};
+use crate::bundle::{set_mode, DEFAULT_CAPS};
 use crate::report::Outcome;
 
 pub const CASES: &[(&str, CaseFn)] = &[
     ("seccomp", seccomp),
     ("seccomp-default-profile", default_profile),
     ("seccomp-enosys", enosys),
+    ("seccomp-without-no-new-privs", without_no_new_privs),
     ("sysctl", sysctl),
     ("oom-score-adj", oom_score_adj),
     ("lsm-disabled", lsm_disabled),
@@ -95,6 +98,111 @@ fn seccomp(ctx: &mut Ctx) -> Result<()> {
         ),
     );
     ctx.run_checker(&b, &e)?;
+    Ok(())
+}
+
+/// A profile that denies mkdir with EXDEV and allows everything else.
+fn mkdir_profile() -> Value {
+    json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+        "syscalls": [
+            {"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EXDEV}
+        ]
+    })
+}
+
+/// The checks of a process under [`mkdir_profile`] without no_new_privs,
+/// with the default capabilities and no more: the filter is on, no_new_privs
+/// is not, and CAP_SYS_ADMIN (which the runtime holds while it installs the
+/// filter) is gone from every set.
+fn filter_without_nnp(e: &mut Expectations, who: &str, default_caps: u64) {
+    e.push(
+        format!("{who}: filter installed (Seccomp: 2)"),
+        Check::Status {
+            field: "Seccomp".into(),
+            value: "2".into(),
+        },
+    );
+    e.push(
+        format!("{who}: no_new_privs left off (NoNewPrivs: 0)"),
+        Check::Status {
+            field: "NoNewPrivs".into(),
+            value: "0".into(),
+        },
+    );
+    e.push(
+        format!("{who}: the filter denies mkdir"),
+        syscall(
+            Probe::Mkdir {
+                path: "/tmp/denied".into(),
+            },
+            Some(libc::EXDEV),
+        ),
+    );
+    for (field, what) in [
+        ("CapBnd", "bounding"),
+        ("CapEff", "effective"),
+        ("CapPrm", "permitted"),
+    ] {
+        e.push(
+            format!("{who}: {what} capabilities are the process's, no CAP_SYS_ADMIN"),
+            Check::CapSet {
+                field: field.into(),
+                mask: default_caps,
+            },
+        );
+    }
+}
+
+/// A seccomp profile without no_new_privs, the way Docker and Podman run
+/// every container and every `exec`: installing a filter then needs
+/// CAP_SYS_ADMIN, which runc holds until the filter is on and drops after.
+/// `noNewPrivileges: false` reads as no field at all; an exec'd process
+/// gets the container's filter without no_new_privs, so a set-uid program
+/// works in it (`sudo` in `docker exec -u 1000`).
+fn without_no_new_privs(ctx: &mut Ctx) -> Result<()> {
+    let default_caps = oci_validation::caps::mask(DEFAULT_CAPS).map_err(anyhow::Error::msg)?;
+    let mut b = ctx.bundle()?;
+    b.set("/linux/seccomp", mkdir_profile());
+    b.set("/process/noNewPrivileges", json!(false));
+    let mut e = Expectations::default();
+    filter_without_nnp(&mut e, "noNewPrivileges false", default_caps);
+    ctx.run_checker(&b, &e)?;
+
+    let mut b = ctx.bundle()?;
+    b.set("/linux/seccomp", mkdir_profile());
+    b.remove("/process", "noNewPrivileges");
+    // The checker again, set-uid root: it runs as root whoever starts it,
+    // unless no_new_privs is on.
+    const SUID_CHECKER: &str = "/oci-checker-suid";
+    let suid = b.rootfs().join(SUID_CHECKER.trim_start_matches('/'));
+    std::fs::copy(b.rootfs().join(CHECKER_PATH.trim_start_matches('/')), &suid)?;
+    set_mode(&suid, 0o4755)?;
+    let (id, _pid) = ctx.start_sleeper(&mut b)?;
+    let mut e = Expectations::default();
+    filter_without_nnp(&mut e, "exec", default_caps);
+    ctx.exec_checker(&b, &id, &e, &[])?;
+    let mut e = Expectations::default();
+    e.push(
+        "exec --user 1000 of a set-uid root program runs as euid 0",
+        Check::Status {
+            field: "Uid".into(),
+            value: "1000\t0\t0\t0".into(),
+        },
+    );
+    e.push(
+        "exec --user 1000 of a set-uid root program: its filter denies mkdir",
+        syscall(
+            Probe::Mkdir {
+                path: "/tmp/denied-suid".into(),
+            },
+            Some(libc::EXDEV),
+        ),
+    );
+    ctx.exec_checker_at(&b, &id, &e, &["--user", "1000:1000"], SUID_CHECKER)?;
+    let res = ctx.rt.run(&["kill", &id, "KILL"])?;
+    ctx.check_ok("kill of the container succeeds", &res);
     Ok(())
 }
 
