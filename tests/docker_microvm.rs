@@ -373,6 +373,50 @@ fn network_none_and_default_bridge_start() {
     assert_eq!(out.out(), "eth0\nlo");
 }
 
+/// `--network container:X` (with `--pid container:X`) in the microvm
+/// tier runs the new container in X's microVM, as runc runs it in X's
+/// namespaces: it reaches X's services on `localhost`, has X's address and
+/// sees X's processes. A VM of its own could have neither (its NIC took
+/// X's tap name and failed). X runs on when it ends.
+#[test]
+fn container_network_mode_runs_in_the_other_container_s_vm() {
+    let d = require!(microvm_docker());
+    let x = d.start(
+        "mv-joined",
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo from-x > /tmp/index.html; httpd -p 127.0.0.1:8080 -h /tmp; \
+             echo ready; exec sleep 300",
+        ],
+    );
+    x.wait_for_log("ready");
+    let address = x.inspect("{{.NetworkSettings.IPAddress}}");
+    assert!(!address.is_empty(), "X has no address");
+    let network = format!("container:{}", x.name);
+    let script = "wget -qO- http://127.0.0.1:8080/index.html; \
+                  ip -o -4 addr show eth0 | awk '{print $4}'; \
+                  ps -o args | grep -c '^sleep 300'; exit 3";
+    let out = d
+        .run_rm(
+            &["--network", &network, "--pid", &network],
+            &["sh", "-c", script],
+        )
+        .code(3);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines[0], "from-x", "{out}");
+    assert_eq!(lines[1].split('/').next(), Some(address.as_str()), "{out}");
+    assert_eq!(lines[2], "1", "X's processes are not in view: {out}");
+    // X is untouched by its guest's end.
+    assert_eq!(x.inspect("{{.State.Running}}"), "true");
+    let again = x
+        .exec(&[], &["wget", "-qO-", "http://127.0.0.1:8080/index.html"])
+        .ok();
+    assert_eq!(again.out(), "from-x");
+}
+
 /// Ends the VMs the `agentvm-pool` runtime keeps booted, when dropped.
 struct DrainPool(std::path::PathBuf);
 

@@ -111,9 +111,15 @@ pub struct CreateOptions<'a> {
 /// has created the container (or failed to). The caller holds the root
 /// lock and checked the id is free. On failure nothing is left behind.
 pub fn create(ctx: &Context, id: &str, bundle: &Bundle, opts: CreateOptions) -> Result<()> {
-    // A further container of a CRI pod runs in its sandbox's VM.
+    // A further container of a CRI pod runs in its sandbox's VM, and one
+    // that joins another microVM container's namespaces (Docker's
+    // `--network container:X`) in that container's.
     if let Some(sandbox) = pod::sandbox_of(&bundle.spec)? {
         return create_member(ctx, id, bundle, opts, &sandbox);
+    }
+    if let Some(joined) = pod::joined_container(&ctx.root, &bundle.spec) {
+        tracing::debug!("container {id} joins the namespaces of {joined}: it runs in its microVM");
+        return create_member(ctx, id, bundle, opts, &joined);
     }
     // Fail before creating anything when the host cannot run a microVM,
     // or not with the VMM asked for.

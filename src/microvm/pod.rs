@@ -100,6 +100,70 @@ pub fn sandbox_of(spec: &Spec) -> Result<Option<String>, PodError> {
     }
 }
 
+/// The microvm-tier container of `root` whose network namespace the spec
+/// names by path, as Docker names another container's:
+/// `--network container:X` gives `/proc/<X's pid>/ns/net`, and X's pid is
+/// its supervisor's. Such a container runs in X's VM, as a pod's member
+/// runs in its sandbox's (joining there the other namespaces the spec
+/// names of X's, `--pid container:X` and `--ipc container:X`): a VM of its
+/// own would take X's address a second time and not see X's `localhost`.
+/// Only the network decides: with a network of its own (`--pid
+/// container:X` alone) a container needs a VM of its own for it. `None`
+/// when no path names one (a member of a pod is never taken: its VM is
+/// its sandbox's).
+pub fn joined_container(root: &Path, spec: &Spec) -> Option<String> {
+    let pids: Vec<i32> = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|ns| ns.typ() == LinuxNamespaceType::Network)
+        .filter_map(|ns| ns.path().as_deref().and_then(process_of))
+        .collect();
+    if pids.is_empty() {
+        return None;
+    }
+    for entry in std::fs::read_dir(root).ok()?.flatten() {
+        let Some(id) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if crate::bundle::validate_id(&id).is_err() {
+            continue;
+        }
+        match crate::state::Record::load(root, &id) {
+            Ok(Some(r)) if r.isolation == Isolation::Microvm => {}
+            _ => continue,
+        }
+        let Ok(state) = VmState::load(&entry.path()) else {
+            continue;
+        };
+        if state.pod_sandbox.is_none()
+            && state
+                .supervisor_pid
+                .is_some_and(|pid| pids.contains(&pid) && state.supervisor_alive())
+        {
+            return Some(id);
+        }
+    }
+    None
+}
+
+/// The pid of a namespace path of the form `/proc/<pid>/ns/<type>`.
+fn process_of(path: &Path) -> Option<i32> {
+    let rest = path.strip_prefix("/proc").ok()?;
+    let mut parts = rest.components();
+    let pid = parts
+        .next()?
+        .as_os_str()
+        .to_str()?
+        .parse()
+        .ok()
+        .filter(|p: &i32| *p > 0)?;
+    let ns = parts.next()?;
+    (ns.as_os_str() == "ns" && parts.next().is_some() && parts.next().is_none()).then_some(pid)
+}
+
 /// The sandbox's state, checked: a microvm-tier container of this
 /// `--root`, not itself a member, whose VM runs (created or running, not
 /// paused).
@@ -606,6 +670,84 @@ mod tests {
         );
         let e = sandbox_of(&spec(&[(CRI_CONTAINER_TYPE, "container")])).unwrap_err();
         assert!(e.to_string().contains(CRI_SANDBOX_ID), "{e}");
+    }
+
+    #[test]
+    fn a_namespace_path_names_a_process_only_in_docker_s_form() {
+        assert_eq!(process_of(Path::new("/proc/123/ns/net")), Some(123));
+        assert_eq!(process_of(Path::new("/proc/7/ns/pid")), Some(7));
+        for other in [
+            "/proc/self/ns/net",
+            "/proc/123/ns",
+            "/proc/123/ns/net/x",
+            "/proc/123/fd/3",
+            "/run/netns/x",
+            "/proc/-1/ns/net",
+            "proc/123/ns/net",
+        ] {
+            assert_eq!(process_of(Path::new(other)), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_container_joins_a_running_microvm_container_of_its_root() {
+        let root = tempfile::tempdir().unwrap();
+        let with_ns = |typ: LinuxNamespaceType, path: &str| {
+            let mut s = Spec::default();
+            let ns = oci_spec::runtime::LinuxNamespaceBuilder::default()
+                .typ(typ)
+                .path(path)
+                .build()
+                .unwrap();
+            let mut linux = s.linux().clone().unwrap_or_default();
+            linux.set_namespaces(Some(vec![ns]));
+            s.set_linux(Some(linux));
+            s
+        };
+        let with_net = |path: &str| with_ns(LinuxNamespaceType::Network, path);
+        let me = std::process::id() as i32;
+        let mine = format!("/proc/{me}/ns/net");
+        assert_eq!(joined_container(root.path(), &with_net(&mine)), None);
+        // A microvm container whose supervisor is this process.
+        let dir = root.path().join("x");
+        std::fs::create_dir(&dir).unwrap();
+        crate::state::Record {
+            isolation: Isolation::Microvm,
+            init_start_time: None,
+        }
+        .save(root.path(), "x")
+        .unwrap();
+        let mut state: VmState = serde_json::from_value(serde_json::json!({
+            "id": "x", "bundle": "/b", "rootfs": "/b/rootfs", "status": "running",
+            "created": "2026-12-07T00:00:00Z", "cgroup_path": "/x", "accel": "tcg",
+        }))
+        .unwrap();
+        state.supervisor_pid = Some(me);
+        state.supervisor_start_time = crate::state::process_start_time(me);
+        state.save(&dir).unwrap();
+        assert_eq!(
+            joined_container(root.path(), &with_net(&mine)),
+            Some("x".into())
+        );
+        assert_eq!(
+            joined_container(root.path(), &with_net("/proc/1/ns/net")),
+            None
+        );
+        assert_eq!(joined_container(root.path(), &Spec::default()), None);
+        // A member of a pod is never joined: its VM is its sandbox's.
+        state.pod_sandbox = Some("pod".into());
+        state.save(&dir).unwrap();
+        assert_eq!(joined_container(root.path(), &with_net(&mine)), None);
+        // Nor a container of the container tier.
+        state.pod_sandbox = None;
+        state.save(&dir).unwrap();
+        crate::state::Record {
+            isolation: Isolation::Container,
+            init_start_time: None,
+        }
+        .save(root.path(), "x")
+        .unwrap();
+        assert_eq!(joined_container(root.path(), &with_net(&mine)), None);
     }
 
     #[test]
