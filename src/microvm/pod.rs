@@ -101,9 +101,10 @@ pub fn sandbox_of(spec: &Spec) -> Result<Option<String>, PodError> {
 }
 
 /// The microvm-tier container of `root` whose network namespace the spec
-/// names by path, as Docker names another container's:
-/// `--network container:X` gives `/proc/<X's pid>/ns/net`, and X's pid is
-/// its supervisor's. Such a container runs in X's VM, as a pod's member
+/// names by path, as Docker and Podman name another container's:
+/// `--network container:X` gives Docker's `/proc/<X's pid>/ns/net` (X's
+/// pid is its supervisor's) or the path of X's namespace (Podman's
+/// `/run/netns/...`, which X's supervisor joined). Such a container runs in X's VM, as a pod's member
 /// runs in its sandbox's (joining there the other namespaces the spec
 /// names of X's, `--pid container:X` and `--ipc container:X`): a VM of its
 /// own would take X's address a second time and not see X's `localhost`.
@@ -112,18 +113,28 @@ pub fn sandbox_of(spec: &Spec) -> Result<Option<String>, PodError> {
 /// when no path names one (a member of a pod is never taken: its VM is
 /// its sandbox's).
 pub fn joined_container(root: &Path, spec: &Spec) -> Option<String> {
-    let pids: Vec<i32> = spec
+    let paths: Vec<&Path> = spec
         .linux()
         .as_ref()
         .and_then(|l| l.namespaces().as_ref())
         .into_iter()
         .flatten()
         .filter(|ns| ns.typ() == LinuxNamespaceType::Network)
-        .filter_map(|ns| ns.path().as_deref().and_then(process_of))
+        .filter_map(|ns| ns.path().as_deref())
         .collect();
-    if pids.is_empty() {
+    if paths.is_empty() {
         return None;
     }
+    // Podman names X's namespace by its own path (`/run/netns/...`),
+    // which X's supervisor has joined: compared by inode, unless it is the
+    // host's, where no VM's supervisor lives.
+    let names = |path: &Path, pid: i32| {
+        process_of(path) == Some(pid)
+            || (same_namespace(
+                path,
+                &Path::new("/proc").join(pid.to_string()).join("ns/net"),
+            ) && !same_namespace(path, Path::new("/proc/self/ns/net")))
+    };
     for entry in std::fs::read_dir(root).ok()?.flatten() {
         let Some(id) = entry.file_name().to_str().map(str::to_string) else {
             continue;
@@ -141,7 +152,7 @@ pub fn joined_container(root: &Path, spec: &Spec) -> Option<String> {
         if state.pod_sandbox.is_none()
             && state
                 .supervisor_pid
-                .is_some_and(|pid| pids.contains(&pid) && state.supervisor_alive())
+                .is_some_and(|pid| paths.iter().any(|p| names(p, pid)) && state.supervisor_alive())
         {
             return Some(id);
         }
