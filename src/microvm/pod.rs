@@ -101,11 +101,11 @@ pub fn sandbox_of(spec: &Spec) -> Result<Option<String>, PodError> {
 }
 
 /// The microvm-tier container of `root` whose network namespace the spec
-/// names by path, as Docker and Podman name another container's:
-/// `--network container:X` gives Docker's `/proc/<X's pid>/ns/net` (X's
-/// pid is its supervisor's) or the path of X's namespace (Podman's
-/// `/run/netns/...`, which X's supervisor joined). Such a container runs in X's VM, as a pod's member
-/// runs in its sandbox's (joining there the other namespaces the spec
+/// names by path: Docker's and Podman's `--network container:X` give
+/// `/proc/<X's pid>/ns/net`, and X's pid is its supervisor's; any other
+/// path to the namespace X's supervisor is in (a named one, say) names it
+/// too. Such a container runs in X's VM, as a pod's member runs in its
+/// sandbox's (joining there the other namespaces the spec
 /// names of X's, `--pid container:X` and `--ipc container:X`): a VM of its
 /// own would take X's address a second time and not see X's `localhost`.
 /// Only the network decides: with a network of its own (`--pid
@@ -113,7 +113,10 @@ pub fn sandbox_of(spec: &Spec) -> Result<Option<String>, PodError> {
 /// when no path names one (a member of a pod is never taken: its VM is
 /// its sandbox's).
 pub fn joined_container(root: &Path, spec: &Spec) -> Option<String> {
-    let paths: Vec<&Path> = spec
+    // Each path, and whether it is the host's namespace (where no VM's
+    // supervisor lives, so the inode says nothing there).
+    let host = Path::new("/proc/self/ns/net");
+    let paths: Vec<(&Path, bool)> = spec
         .linux()
         .as_ref()
         .and_then(|l| l.namespaces().as_ref())
@@ -121,19 +124,18 @@ pub fn joined_container(root: &Path, spec: &Spec) -> Option<String> {
         .flatten()
         .filter(|ns| ns.typ() == LinuxNamespaceType::Network)
         .filter_map(|ns| ns.path().as_deref())
+        .map(|p| (p, same_namespace(p, host)))
         .collect();
     if paths.is_empty() {
         return None;
     }
-    // Podman names X's namespace by its own path (`/run/netns/...`),
-    // which X's supervisor has joined: compared by inode, unless it is the
-    // host's, where no VM's supervisor lives.
-    let names = |path: &Path, pid: i32| {
+    let names = |&(path, is_host): &(&Path, bool), pid: i32| {
         process_of(path) == Some(pid)
-            || (same_namespace(
-                path,
-                &Path::new("/proc").join(pid.to_string()).join("ns/net"),
-            ) && !same_namespace(path, Path::new("/proc/self/ns/net")))
+            || (!is_host
+                && same_namespace(
+                    path,
+                    &Path::new("/proc").join(pid.to_string()).join("ns/net"),
+                ))
     };
     for entry in std::fs::read_dir(root).ok()?.flatten() {
         let Some(id) = entry.file_name().to_str().map(str::to_string) else {
