@@ -2,7 +2,8 @@
 //! a container that fits takes a VM booted before it (no kernel boot in its
 //! trace), never one another container used; one that does not fit boots
 //! its own; the pool refills; a keeper hands its VM to the process that
-//! claimed it and to no one else; `pool drain` leaves nothing behind.
+//! claimed it and to no one else; a VM is warmed up before it waits and
+//! keeps nothing of the warm-up; `pool drain` leaves nothing behind.
 //!
 //! Needs what tests/microvm.rs needs; the pool is QEMU's only, so under the
 //! builtin VMM each test says `skipped`.
@@ -179,6 +180,73 @@ fn a_container_takes_a_booted_vm_never_one_used_before_and_the_pool_refills() {
     assert_ne!(first, second, "two containers ran in the same VM");
     assert_ne!(first.trim(), common::host_boot_id(), "the host's kernel");
     drain_and_check(&f, &["pool-a", "pool-b"]);
+}
+
+#[test]
+fn a_pooled_vm_is_warmed_up_and_keeps_nothing_of_the_warm_up() {
+    let f = require!(pooled());
+    let _drain = Drain(&f);
+    let (slot, _) = fill(&f);
+    // The keeper had the guest create and delete a throwaway container
+    // before it marked the slot ready (guest::warm): the guest said how
+    // long that took, and the keeper did not have to go on unwarmed.
+    let slot_dir = pool_dir(&f).join(&slot);
+    let console = std::fs::read_to_string(slot_dir.join("console.log")).unwrap_or_default();
+    assert!(console.contains("warm-up: "), "no warm-up: {console}");
+    let keeper_log = std::fs::read_to_string(slot_dir.join("keeper.log")).unwrap_or_default();
+    assert!(!keeper_log.contains("unwarmed"), "{keeper_log}");
+    // Without a pid namespace of its own the container sees every process
+    // of the guest: the agent (pid 1), kernel threads (children of pid 2)
+    // and its own shell, which reads /proc with builtins only; nothing
+    // left of the warm-up's container, and no zombie.
+    let script = "for p in /proc/[0-9]*; do read -r s < $p/stat && echo \"$s\"; done > /out/ps";
+    let out = out_dir(&f);
+    f.write_config(&["sh", "-c", script], |c| {
+        c["mounts"]
+            .as_array_mut()
+            .expect("mounts")
+            .push(serde_json::json!({
+                "destination": "/out", "type": "bind",
+                "source": out, "options": ["rbind", "rw"]
+            }));
+        c["linux"]["namespaces"]
+            .as_array_mut()
+            .expect("namespaces")
+            .retain(|n| n["type"] != "pid");
+    });
+    let (code, parts) = run_to_end(&f, "pool-warm");
+    assert_eq!(code, 0);
+    assert!(parts.contains(&"pool".to_string()), "{parts:?}");
+    let ps = std::fs::read_to_string(out_dir(&f).join("ps")).expect("process list");
+    // "PID (COMM) STATE PPID ...", COMM up to the last ')'.
+    let rows: Vec<(u32, &str, &str, u32)> = ps
+        .lines()
+        .filter_map(|l| {
+            let (pid, rest) = l.split_once(" (")?;
+            let (comm, rest) = rest.rsplit_once(") ")?;
+            let mut cols = rest.split(' ');
+            Some((
+                pid.parse().ok()?,
+                comm,
+                cols.next()?,
+                cols.next()?.parse().ok()?,
+            ))
+        })
+        .collect();
+    assert!(rows.iter().any(|r| r.0 == 1), "no pid 1 in\n{ps}");
+    assert!(
+        rows.iter().any(|r| r.1 == "sh"),
+        "no shell of the container in\n{ps}"
+    );
+    let left: Vec<_> = rows
+        .iter()
+        .filter(|&&(pid, comm, state, ppid)| {
+            let kernel = pid == 2 || ppid == 2;
+            state == "Z" || (pid != 1 && !kernel && comm != "sh")
+        })
+        .collect();
+    assert!(left.is_empty(), "left of the warm-up: {left:?} in\n{ps}");
+    drain_and_check(&f, &["pool-warm"]);
 }
 
 /// The nice values of every thread of `pid` and its descendants.

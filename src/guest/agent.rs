@@ -327,8 +327,13 @@ impl Agent {
     fn on_frame(&mut self, frame: Frame) -> Result<Flow, GuestError> {
         match frame.kind {
             Kind::Control => {
-                self.trim_at = Some(Instant::now() + super::trim::IDLE);
-                let (reply, flow) = match frame.parse_control::<HostMessage>() {
+                let msg = frame.parse_control::<HostMessage>();
+                // What a pool VM's warm-up read stays until its container
+                // comes: a trim would undo it (super::warm).
+                if !matches!(msg, Ok(HostMessage::Warm)) {
+                    self.trim_at = Some(Instant::now() + super::trim::IDLE);
+                }
+                let (reply, flow) = match msg {
                     Ok(HostMessage::Shutdown) => {
                         self.shutdown();
                         (Reply::Ok, Flow::PowerOff)

@@ -29,6 +29,7 @@ mod requests;
 mod stream;
 mod sys;
 mod trim;
+mod warm;
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;

@@ -81,10 +81,27 @@ impl Agent {
             HostMessage::Shutdown => Ok(Reply::Ok),
             HostMessage::CreateMember { id, spec, join } => self.create_member(id, *spec, &join),
             HostMessage::Member { id, request } => self.member(id, request),
+            HostMessage::Warm => self.warm(),
         };
         result.unwrap_or_else(|e| Reply::Error {
             message: e.to_string(),
         })
+    }
+
+    /// [`super::warm`], before any container: after one it would run
+    /// beside the container's processes for nothing.
+    fn warm(&mut self) -> Result<Reply, RequestError> {
+        if !self.streams.is_empty() || self.ctx.container_dir(CONTAINER_ID).exists() {
+            return Err(RequestError::Refused(
+                "warm-up: the VM already has a container".into(),
+            ));
+        }
+        let took =
+            super::warm::warm(&self.ctx).map_err(|e| RequestError::Refused(e.to_string()))?;
+        let _ = self
+            .port
+            .log("debug", format!("warm-up: {} ms", took.as_millis()));
+        Ok(Reply::Ok)
     }
 
     fn network(&mut self, network: crate::protocol::Network) -> Result<Reply, RequestError> {

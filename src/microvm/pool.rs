@@ -955,7 +955,7 @@ fn boot(slot: &Path, config: &Config, name: &str) -> Result<Idle, String> {
         }
     };
     let mut log = super::supervisor::guest_log::GuestLog::new(Instant::now());
-    let (guest, milestones) = match super::supervisor::handshake(
+    let (mut guest, milestones) = match super::supervisor::handshake(
         &listener,
         vm.as_mut(),
         config.microvm.boot_timeout(),
@@ -969,6 +969,10 @@ fn boot(slot: &Path, config: &Config, name: &str) -> Result<Idle, String> {
             return Err(e.to_string());
         }
     };
+    if let Err(e) = warm(&mut guest, name, config.microvm.boot_timeout(), &mut log) {
+        vm.kill();
+        return Err(e);
+    }
     let keeper_listener = match super::sock::bind(slot, KEEPER_SOCKET) {
         Ok(l) => l,
         Err(e) => {
@@ -989,6 +993,42 @@ fn boot(slot: &Path, config: &Config, name: &str) -> Result<Idle, String> {
         guest_ram,
         listener: keeper_listener,
     })
+}
+
+/// Has the booted VM's agent run through a container's creation once
+/// (`HostMessage::Warm`, `guest::warm`) before the slot is ready, so that
+/// the container that takes the VM finds that code read and translated.
+/// A warm-up the agent refuses or that fails leaves the VM as usable as
+/// before (a warning); a channel that breaks or stays silent leaves it
+/// unusable (an error).
+fn warm(
+    guest: &mut UnixStream,
+    name: &str,
+    timeout: Duration,
+    log: &mut super::supervisor::guest_log::GuestLog,
+) -> Result<(), String> {
+    use crate::protocol::{Frame, HostMessage, Reply};
+    let started = Instant::now();
+    Frame::control(&HostMessage::Warm)
+        .write_to(guest)
+        .map_err(|e| format!("warm-up: control channel: {e}"))?;
+    match super::supervisor::wait_reply(guest, timeout, log) {
+        Ok(Reply::Ok) => {
+            tracing::info!(
+                "pool keeper {name}: warmed up in {} ms",
+                started.elapsed().as_millis()
+            );
+            Ok(())
+        }
+        Ok(Reply::Error { message }) => {
+            tracing::warn!("pool keeper {name}: {message}; the VM waits unwarmed");
+            Ok(())
+        }
+        Ok(other) => Err(format!(
+            "warm-up: unexpected reply from the guest: {other:?}"
+        )),
+        Err(e) => Err(format!("warm-up: {e}")),
+    }
 }
 
 /// `count` NICs for a VM booted before its container's network is known:

@@ -298,6 +298,12 @@ pub enum HostMessage {
     /// `Signal` and `Resize` name the member's init by its stream id and
     /// need no wrapper. Reply: as the inner request's.
     Member { id: u32, request: MemberRequest },
+    /// Before any container: create and delete a throwaway container in
+    /// the guest, so that the code a container's creation runs is read
+    /// and translated before the container comes (a pool VM's keeper
+    /// sends it while the VM waits). Nothing of it is left. Reply: `Ok`,
+    /// or `Error` (the VM serves a container all the same).
+    Warm,
 }
 
 /// The namespaces of the pod's sandbox container a member joins: CRI names

@@ -26,6 +26,7 @@ pub mod jail;
 mod relays;
 mod serve;
 pub use serve::run_hooks as run_hooks_public;
+pub use serve::wait_reply;
 pub mod stage;
 pub mod trace;
 pub mod tty;
