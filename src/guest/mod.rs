@@ -1,7 +1,8 @@
 //! The guest agent: what runs as `/init` (PID 1) inside a microVM.
 //!
-//! The host boots the VM with the static `agentvm` binary as the only file
-//! of a tiny initramfs; `main` sees it is PID 1 and comes here. The agent
+//! The host boots the VM with its virtio-fs share as the root filesystem
+//! and the static `agentvm` binary in it as `/init` (`microvm::host::
+//! share_root`); `main` sees it is PID 1 and comes here. The agent
 //! - moves `/` to a tmpfs, mounts the API filesystems and cgroup2, brings up
 //!   `lo`, and mounts the host's virtio-fs share (the container's rootfs
 //!   and bind-mount sources) at `SHARE_MOUNT`;
