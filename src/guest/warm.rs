@@ -9,20 +9,21 @@
 //! create and the next ones 150-160 ms.
 //!
 //! A pool VM has time for that before anyone asks (`microvm::pool`): its
-//! keeper sends `Warm` after Hello, and the agent creates and deletes a
-//! throwaway container through the same path a real one takes. Its spec
-//! is the default one (`runc spec`'s namespaces, mounts, masked paths and
-//! capabilities) with a cgroup namespace, as the host plans every
-//! container's, and a small seccomp profile so that libseccomp's compiler
-//! runs too; its rootfs is an empty directory of the guest's tmpfs, its
-//! process a file that is never run (the container is deleted before
-//! `start`). Nothing of it is left: its state, cgroup, bundle and rootfs
-//! go with it, and its init is killed and reaped.
+//! keeper sends `Warm` after Hello, and the agent runs a throwaway
+//! container through the path a real one takes: create, start, its exit,
+//! delete. Its spec is the default one (`runc spec`'s namespaces, mounts,
+//! masked paths and capabilities) with a cgroup namespace, as the host
+//! plans every container's, and a small seccomp profile so that
+//! libseccomp's compiler runs too; its rootfs is a directory of the
+//! guest's tmpfs holding one program, [`EXIT_PROGRAM`], which exits 0.
+//! Nothing of it is left: its state, cgroup, bundle and rootfs go with
+//! it, and its init is reaped.
 //!
 //! The code it read stays in the guest's page cache (the agent does not
 //! trim a VM that no container has asked for, `agent.rs`), and its
 //! translations in QEMU's cache.
 
+use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -30,6 +31,10 @@ use std::time::{Duration, Instant};
 use oci_spec::runtime::{
     Arch, LinuxNamespace, LinuxNamespaceType, LinuxSeccomp, LinuxSeccompAction, LinuxSyscall, Spec,
 };
+
+use libcontainer::container::Container;
+use nix::errno::Errno;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 
 use super::stream::pipes;
 use super::sys::SigchldUnblocked;
@@ -45,9 +50,10 @@ use crate::context::Context;
 pub const WARM_ID: &str = "warm-up";
 /// Its cgroup, beside the one a container gets ([`super::GUEST_CGROUP`]).
 const WARM_CGROUP: &str = "/agentvm-warm-up";
-/// Its process: an empty file with the execute bit, which the container
-/// tier finds (as it checks a real one) and nothing runs.
+/// Its process, [`EXIT_PROGRAM`] in its rootfs.
 const WARM_PROCESS: &str = "/warm-up";
+/// How long its process may take to exit once started.
+const EXIT_WAIT: Duration = Duration::from_secs(10);
 /// The system calls its profile refuses (any will do: they only make
 /// libseccomp compile rules).
 const REFUSED: [&str; 3] = ["add_key", "keyctl", "request_key"];
@@ -65,6 +71,10 @@ pub enum WarmError {
     Bundle(#[from] BundleError),
     #[error("warm-up: {0}")]
     Tier(#[from] ContainerError),
+    #[error("warm-up: the container was created without a process")]
+    NoProcess,
+    #[error("warm-up: its process did not exit 0: {0}")]
+    Exit(String),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> WarmError {
@@ -77,17 +87,17 @@ fn dir() -> PathBuf {
     Path::new(AGENT_DIR).join(WARM_ID)
 }
 
-/// Creates and deletes the throwaway container; returns how long that
-/// took. Whatever happens, nothing of it is left behind.
+/// Runs the throwaway container from its creation to its deletion;
+/// returns how long that took. Whatever happens, nothing of it is left behind.
 pub fn warm(ctx: &Context) -> Result<Duration, WarmError> {
     let started = Instant::now();
-    let result = create_and_delete(ctx);
+    let result = run_through(ctx);
     // The container tier removed its own state; the bundle is ours.
     let _ = std::fs::remove_dir_all(dir());
     result.map(|()| started.elapsed())
 }
 
-fn create_and_delete(ctx: &Context) -> Result<(), WarmError> {
+fn run_through(ctx: &Context) -> Result<(), WarmError> {
     let bundle_dir = dir();
     let rootfs = bundle_dir.join("rootfs");
     std::fs::DirBuilder::new()
@@ -102,7 +112,8 @@ fn create_and_delete(ctx: &Context) -> Result<(), WarmError> {
         .truncate(true)
         .mode(0o755)
         .open(&process)
-        .map_err(io(format!("cannot create {}", process.display())))?;
+        .and_then(|mut f| f.write_all(&EXIT_PROGRAM))
+        .map_err(io(format!("cannot write {}", process.display())))?;
     let spec = warm_spec(&rootfs);
     let config = bundle_dir.join("config.json");
     let text = serde_json::to_vec(&spec).map_err(|e| WarmError::Io {
@@ -129,10 +140,76 @@ fn create_and_delete(ctx: &Context) -> Result<(), WarmError> {
     // The container tier works in the bundle; the bundle goes.
     let _ = std::env::set_current_dir(AGENT_DIR);
     let mut container = created?;
-    // Its init, killed here, is the agent's child: the agent's loop reaps
-    // it with the VM's other orphans.
+    let started = start_and_wait(ctx, &container);
+    // Whatever start did, the container goes (its init killed if alive).
     crate::container::delete::delete(&mut container, true)?;
-    Ok(())
+    started
+}
+
+/// Starts the created throwaway container, as the agent starts one, and
+/// reaps its init (a child of the agent, which is PID 1).
+fn start_and_wait(ctx: &Context, container: &Container) -> Result<(), WarmError> {
+    let pid = container.pid().ok_or(WarmError::NoProcess)?;
+    let mut loaded = crate::container::load(ctx, WARM_ID)?;
+    loaded.start().map_err(crate::container::lc_error)?;
+    let deadline = Instant::now() + EXIT_WAIT;
+    loop {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, 0)) => return Ok(()),
+            Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Ok(WaitStatus::StillAlive) => return Err(WarmError::Exit("still running".into())),
+            Ok(status) => return Err(WarmError::Exit(format!("{status:?}"))),
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(WarmError::Exit(e.to_string())),
+        }
+    }
+}
+
+/// The warm-up's process: a static x86-64 ELF executable of 129 bytes
+/// whose code is `exit_group(0)`. One `PT_LOAD` segment maps the whole
+/// file, readable and executable, at [`EXIT_BASE`]; the code follows the
+/// two headers.
+pub const EXIT_PROGRAM: [u8; 129] = exit_program();
+const EXIT_BASE: u64 = 0x40_0000;
+const ELF_HEADER: usize = 64;
+const PROGRAM_HEADER: usize = 56;
+/// `mov eax, 231` (exit_group); `xor edi, edi`; `syscall`.
+const EXIT_CODE: [u8; 9] = [0xb8, 0xe7, 0x00, 0x00, 0x00, 0x31, 0xff, 0x0f, 0x05];
+
+const fn put(mut buf: [u8; 129], at: usize, bytes: &[u8]) -> [u8; 129] {
+    let mut i = 0;
+    while i < bytes.len() {
+        buf[at + i] = bytes[i];
+        i += 1;
+    }
+    buf
+}
+
+const fn exit_program() -> [u8; 129] {
+    let size = (ELF_HEADER + PROGRAM_HEADER + EXIT_CODE.len()) as u64;
+    let entry = EXIT_BASE + (ELF_HEADER + PROGRAM_HEADER) as u64;
+    let b = [0u8; 129];
+    // e_ident: magic, 64-bit, little-endian, version 1, System V ABI.
+    let b = put(b, 0, &[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]);
+    let b = put(b, 16, &2u16.to_le_bytes()); // e_type: executable
+    let b = put(b, 18, &0x3eu16.to_le_bytes()); // e_machine: x86-64
+    let b = put(b, 20, &1u32.to_le_bytes()); // e_version
+    let b = put(b, 24, &entry.to_le_bytes()); // e_entry
+    let b = put(b, 32, &(ELF_HEADER as u64).to_le_bytes()); // e_phoff (e_shoff, e_flags: 0)
+    let b = put(b, 52, &(ELF_HEADER as u16).to_le_bytes()); // e_ehsize
+    let b = put(b, 54, &(PROGRAM_HEADER as u16).to_le_bytes()); // e_phentsize
+    let b = put(b, 56, &1u16.to_le_bytes()); // e_phnum (no section headers)
+    let p = ELF_HEADER;
+    let b = put(b, p, &1u32.to_le_bytes()); // p_type: PT_LOAD
+    let b = put(b, p + 4, &5u32.to_le_bytes()); // p_flags: R + X (p_offset 0: all the file)
+    let b = put(b, p + 16, &EXIT_BASE.to_le_bytes()); // p_vaddr
+    let b = put(b, p + 24, &EXIT_BASE.to_le_bytes()); // p_paddr
+    let b = put(b, p + 32, &size.to_le_bytes()); // p_filesz
+    let b = put(b, p + 40, &size.to_le_bytes()); // p_memsz
+    let b = put(b, p + 48, &0x1000u64.to_le_bytes()); // p_align
+    put(b, ELF_HEADER + PROGRAM_HEADER, &EXIT_CODE)
 }
 
 /// The default spec, as the host would plan it for the guest, on
@@ -146,9 +223,9 @@ pub fn warm_spec(rootfs: &Path) -> Spec {
     let mut process = spec.process().clone().unwrap_or_default();
     process.set_args(Some(vec![WARM_PROCESS.to_string()]));
     process.set_terminal(Some(false));
-    // The filter is loaded at create (the init waits for `start` under
-    // it), so that this run reaches the code that loads it.
-    process.set_no_new_privileges(Some(true));
+    // As Docker's: no no_new_privileges, so the filter is loaded while
+    // the init still holds its capabilities.
+    process.set_no_new_privileges(None);
     spec.set_process(Some(process));
     let mut linux = spec.linux().clone().unwrap_or_default();
     let mut namespaces = linux.namespaces().clone().unwrap_or_default();
@@ -190,7 +267,7 @@ mod tests {
             process.args().as_deref(),
             Some(&[WARM_PROCESS.to_string()][..])
         );
-        assert_eq!(process.no_new_privileges(), Some(true));
+        assert_eq!(process.no_new_privileges(), None);
         let linux = spec.linux().as_ref().unwrap();
         // Never the cgroup a container of the VM gets.
         assert_ne!(
@@ -225,5 +302,38 @@ mod tests {
         // Its id is none the host gives a container of the VM.
         assert_ne!(WARM_ID, super::super::CONTAINER_ID);
         assert!(!WARM_ID.starts_with("member-"));
+    }
+
+    /// The program is run for real by tests/microvm_pool.rs (the warm-up
+    /// fails unless it exits 0); here it also runs on the host.
+    #[test]
+    fn the_exit_program_is_an_elf_executable_that_exits_0() {
+        assert_eq!(&EXIT_PROGRAM[..4], b"\x7fELF");
+        assert_eq!(
+            EXIT_PROGRAM.len(),
+            ELF_HEADER + PROGRAM_HEADER + EXIT_CODE.len()
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("exit");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o755)
+            .open(&path)
+            .and_then(|mut f| f.write_all(&EXIT_PROGRAM))
+            .expect("write");
+        // Another test's fork may hold the written file open for a moment
+        // (ETXTBSY); it closes at that child's exec.
+        let mut tries = 0;
+        let status = loop {
+            match std::process::Command::new(&path).status() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => break other.expect("run"),
+            }
+        };
+        assert_eq!(status.code(), Some(0));
     }
 }

@@ -298,9 +298,10 @@ pub enum HostMessage {
     /// `Signal` and `Resize` name the member's init by its stream id and
     /// need no wrapper. Reply: as the inner request's.
     Member { id: u32, request: MemberRequest },
-    /// Before any container: create and delete a throwaway container in
-    /// the guest, so that the code a container's creation runs is read
-    /// and translated before the container comes (a pool VM's keeper
+    /// Before any container: run a throwaway container in the guest
+    /// (create, start, its exit, delete), so that the code a container's
+    /// creation and start run is read and translated before the
+    /// container comes (a pool VM's keeper
     /// sends it while the VM waits). Nothing of it is left. Reply: `Ok`,
     /// or `Error` (the VM serves a container all the same).
     Warm,
