@@ -48,6 +48,16 @@ fn pool_dir(f: &Fixture) -> PathBuf {
 /// A bundle running `script` with the out directory at /out, and
 /// `resources` as linux.resources when given.
 fn write_script(f: &Fixture, script: &str, resources: Option<serde_json::Value>) {
+    write_script_with(f, script, |c| {
+        if let Some(r) = resources {
+            c["linux"]["resources"] = r;
+        }
+    });
+}
+
+/// A bundle running `script` with the out directory at /out, its config
+/// then changed by `edit`.
+fn write_script_with(f: &Fixture, script: &str, edit: impl FnOnce(&mut serde_json::Value)) {
     let out = out_dir(f);
     f.write_config(&["sh", "-c", script], |c| {
         c["mounts"]
@@ -57,9 +67,7 @@ fn write_script(f: &Fixture, script: &str, resources: Option<serde_json::Value>)
                 "destination": "/out", "type": "bind",
                 "source": out, "options": ["rbind", "rw"]
             }));
-        if let Some(r) = resources {
-            c["linux"]["resources"] = r;
-        }
+        edit(c);
     });
 }
 
@@ -200,15 +208,7 @@ fn a_pooled_vm_is_warmed_up_and_keeps_nothing_of_the_warm_up() {
     // and its own shell, which reads /proc with builtins only; nothing
     // left of the warm-up's container, and no zombie.
     let script = "for p in /proc/[0-9]*; do read -r s < $p/stat && echo \"$s\"; done > /out/ps";
-    let out = out_dir(&f);
-    f.write_config(&["sh", "-c", script], |c| {
-        c["mounts"]
-            .as_array_mut()
-            .expect("mounts")
-            .push(serde_json::json!({
-                "destination": "/out", "type": "bind",
-                "source": out, "options": ["rbind", "rw"]
-            }));
+    write_script_with(&f, script, |c| {
         c["linux"]["namespaces"]
             .as_array_mut()
             .expect("namespaces")
