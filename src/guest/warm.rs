@@ -88,7 +88,8 @@ fn dir() -> PathBuf {
 }
 
 /// Runs the throwaway container from its creation to its deletion;
-/// returns how long that took. Whatever happens, nothing of it is left behind.
+/// returns how long that took. Whatever happens, nothing of it is left
+/// behind.
 pub fn warm(ctx: &Context) -> Result<Duration, WarmError> {
     let started = Instant::now();
     let result = run_through(ctx);
@@ -146,8 +147,9 @@ fn run_through(ctx: &Context) -> Result<(), WarmError> {
     started
 }
 
-/// Starts the created throwaway container, as the agent starts one, and
-/// reaps its init (a child of the agent, which is PID 1).
+/// Starts the created throwaway container as the agent starts one (its
+/// state loaded again, as a `Start` request loads it) and reaps its init
+/// (a child of the agent, which is PID 1).
 fn start_and_wait(ctx: &Context, container: &Container) -> Result<(), WarmError> {
     let pid = container.pid().ok_or(WarmError::NoProcess)?;
     let mut loaded = crate::container::load(ctx, WARM_ID)?;

@@ -301,9 +301,9 @@ pub enum HostMessage {
     /// Before any container: run a throwaway container in the guest
     /// (create, start, its exit, delete), so that the code a container's
     /// creation and start run is read and translated before the
-    /// container comes (a pool VM's keeper
-    /// sends it while the VM waits). Nothing of it is left. Reply: `Ok`,
-    /// or `Error` (the VM serves a container all the same).
+    /// container comes (a pool VM's keeper sends it while the VM waits).
+    /// Nothing of it is left. Reply: `Ok`, or `Error` (the VM serves a
+    /// container all the same).
     Warm,
 }
 
